@@ -1,0 +1,1 @@
+"""Build models, engines and the Triton model repository."""

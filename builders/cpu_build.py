@@ -1,0 +1,104 @@
+"""Build a CPU engine directory from a Hugging Face Llama/Mistral checkpoint."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from cpu_engine.engine_dir import CPU_ENGINE_VERSION, DTYPES, WEIGHTS_FILE
+
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM"}
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    """The same limits ``trtllm-build`` takes; the server refuses requests beyond them."""
+
+    max_batch_size: int = 16
+    max_input_len: int = 768
+    max_seq_len: int = 1024
+    max_num_tokens: int = 256
+
+    def validate(self, max_position_embeddings: int) -> None:
+        if self.max_seq_len > max_position_embeddings:
+            raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the model's max_position_embeddings "
+                             f"{max_position_embeddings}")
+        if not 0 < self.max_input_len < self.max_seq_len:
+            raise ValueError(f"max_input_len must be in [1, max_seq_len); got {self.max_input_len}")
+        if self.max_num_tokens <= self.max_batch_size:
+            raise ValueError("max_num_tokens must exceed max_batch_size so prompt chunks fit beside decode rows")
+
+
+def pretrained_config(hf: dict, dtype: str) -> dict:
+    """Hugging Face ``config.json`` → TensorRT-LLM ``pretrained_config`` (Llama family)."""
+    arch = (hf.get("architectures") or ["?"])[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"unsupported architecture {arch}: expected one of {sorted(SUPPORTED_ARCHITECTURES)}")
+    if hf.get("hidden_act", "silu") != "silu" or hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ValueError("only SiLU-gated MLPs without attention/MLP biases are supported (Llama/Mistral)")
+    if arch == "MistralForCausalLM" and hf.get("sliding_window") not in (None, 0):
+        if hf["sliding_window"] < hf["max_position_embeddings"]:
+            raise ValueError("sliding-window attention is not supported by the CPU engine")
+    heads = hf["num_attention_heads"]
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = hf.get("rope_theta") or rope.pop("rope_theta", 10000.0)
+    rope.pop("rope_theta", None)
+    scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
+    return {
+        "architecture": arch,
+        "dtype": dtype,
+        "logits_dtype": "float32",
+        "vocab_size": hf["vocab_size"],
+        "hidden_size": hf["hidden_size"],
+        "num_hidden_layers": hf["num_hidden_layers"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": hf.get("num_key_value_heads") or heads,
+        "head_size": hf.get("head_dim") or hf["hidden_size"] // heads,
+        "intermediate_size": hf["intermediate_size"],
+        "max_position_embeddings": hf["max_position_embeddings"],
+        "hidden_act": "silu",
+        "norm_epsilon": hf.get("rms_norm_eps", 1e-5),
+        "position_embedding_type": "rope_gpt_neox",
+        "rotary_base": float(theta),
+        "rotary_scaling": scaling,
+        "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
+        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+        "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
+    }
+
+
+def _hf_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
+    index = checkpoint / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    state = {}
+    for name in tqdm(files, desc="loading checkpoint", unit="file", disable=len(files) == 1):
+        state.update(load_file(str(checkpoint / name)))
+    return state
+
+
+def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, dtype: str = "float32",
+                     limits: BuildLimits = BuildLimits()) -> Path:
+    checkpoint, output_dir = Path(checkpoint), Path(output_dir)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    hf = json.loads((checkpoint / "config.json").read_text())
+    pc = pretrained_config(hf, dtype)
+    limits.validate(pc["max_position_embeddings"])
+    weights = {}
+    for name, tensor in tqdm(_hf_state_dict(checkpoint).items(), desc=f"converting to {dtype}", unit="tensor"):
+        name = name.removeprefix("model.")
+        if name == "lm_head.weight" and pc["tie_word_embeddings"]:
+            continue
+        weights[name] = tensor.to(DTYPES[dtype]).contiguous()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(output_dir / WEIGHTS_FILE))
+    config = {"version": CPU_ENGINE_VERSION, "pretrained_config": pc,
+              "build_config": {**asdict(limits), "max_beam_width": 1, "plugin_config": {}},
+              "source_checkpoint": str(checkpoint.resolve())}
+    (output_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return output_dir

@@ -1,0 +1,72 @@
+"""The serving profile: the one typed source of truth for every rendered ``config.pbtxt``.
+
+Engine limits (batch, sequence, token budget) are read from the engine's own ``config.json`` so a
+profile can never promise more than the engine was built for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DynamicBatcher(_Strict):
+    """Triton's dynamic batcher and default queue policy for one model."""
+
+    max_queue_delay_us: int = Field(0, ge=0, description="how long Triton waits to grow a batch")
+    preferred_batch_sizes: list[int] = Field(default_factory=list)
+    max_queue_size: int = Field(0, ge=0, description="requests queued in Triton before UNAVAILABLE; 0 = unbounded")
+
+
+class Stage(_Strict):
+    """A Python-backend stage (tokeniser, detokeniser): instances and batching."""
+
+    instances: int = Field(1, ge=1)
+    batcher: DynamicBatcher = DynamicBatcher()
+
+
+class LLMStage(_Strict):
+    """The LLM model. On CPU ``execute()`` only enqueues, so one instance serves every request."""
+
+    instances: int = Field(1, ge=1)
+    max_queue_size: int = Field(64, ge=1, description="requests waiting for a KV slot before UNAVAILABLE")
+    cpu_threads: int = Field(0, ge=0, description="torch threads for the CPU engine; 0 = all cores")
+    drain_timeout_s: float = Field(25.0, gt=0, description="finalize() waits this long for in-flight requests")
+
+
+class ServingProfile(_Strict):
+    name: str
+    target: Literal["cpu", "trtllm"] = "cpu"
+    engine_dir: Path
+    tokenizer_dir: Path
+    max_batch_size: int = Field(32, ge=1, description="Triton max_batch_size of the text stages and ensemble")
+    llm_model_name: str = "llm"
+    preprocessing: Stage = Stage()
+    postprocessing: Stage = Stage()
+    llm: LLMStage = LLMStage()
+
+    @model_validator(mode="after")
+    def _distinct_names(self) -> "ServingProfile":
+        if self.llm_model_name in {"preprocessing", "postprocessing", "ensemble"}:
+            raise ValueError(f"llm_model_name {self.llm_model_name!r} clashes with another model of the ensemble")
+        return self
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides) -> "ServingProfile":
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(data)
+
+    def resolved(self, base: Path = PROJECT_ROOT) -> "ServingProfile":
+        """Relative paths are relative to the project root, wherever the command runs."""
+        return self.model_copy(update={"engine_dir": (base / self.engine_dir).resolve(),
+                                       "tokenizer_dir": (base / self.tokenizer_dir).resolve()})

@@ -1,0 +1,46 @@
+"""Lay out a Triton model repository from a profile: model code from ``model_repository/``, configs rendered."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from cpu_engine.engine_dir import read_config
+
+from . import triton_config as tc
+from .profile import PROJECT_ROOT, ServingProfile
+
+MODEL_SOURCES = PROJECT_ROOT / "model_repository"
+
+
+def engine_limits(profile: ServingProfile) -> dict:
+    build = read_config(profile.engine_dir)["build_config"]
+    return {key: build[key] for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")}
+
+
+def model_configs(profile: ServingProfile):
+    """(model name, source folder in model_repository/ or None, ModelConfig) for every model."""
+    if profile.target != "cpu":
+        raise NotImplementedError("the TensorRT-LLM layout is rendered by the trtllm builder")
+    limits = engine_limits(profile)
+    return [
+        ("preprocessing", "preprocessing", tc.preprocessing_config(profile, limits)),
+        (profile.llm_model_name, "llm", tc.cpu_llm_config(profile, limits)),
+        ("postprocessing", "postprocessing", tc.postprocessing_config(profile)),
+        ("ensemble", None, tc.ensemble_config(profile)),
+    ]
+
+
+def render_repository(profile: ServingProfile, out_dir: str | Path) -> Path:
+    """Write ``out_dir`` from scratch: a stale model left from another profile must not be served."""
+    profile = profile.resolved()
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    for name, source, config in model_configs(profile):
+        version_dir = out_dir / name / "1"
+        version_dir.mkdir(parents=True)
+        if source is not None:
+            shutil.copy2(MODEL_SOURCES / source / "1" / "model.py", version_dir / "model.py")
+        (out_dir / name / "config.pbtxt").write_text(tc.to_pbtxt(config))
+    return out_dir

@@ -1,0 +1,141 @@
+"""Render each model's ``config.pbtxt`` from the profile with Triton's own model-config protobuf.
+
+No text templates: a config is a ``ModelConfig`` message, printed by protobuf's text format, so a missing
+value is a Python error at render time, never a ``${placeholder}`` that breaks parsing in the server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from .profile import DynamicBatcher, ServingProfile
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # Triton data type without the TYPE_ prefix
+    dims: tuple[int, ...] = (1,)
+    optional: bool = False
+
+
+def _t(name, dtype, dims=(1,), optional=False):
+    return TensorSpec(name, dtype, tuple(dims), optional)
+
+
+# The ensemble's text contract: tensorrtllm_backend's names and types, plus our three extra outputs.
+ENSEMBLE_INPUTS = (
+    _t("text_input", "STRING"), _t("max_tokens", "INT32"),
+    _t("bad_words", "STRING", (-1,), True), _t("stop_words", "STRING", (-1,), True),
+    _t("end_id", "INT32", optional=True), _t("pad_id", "INT32", optional=True),
+    _t("top_k", "INT32", optional=True), _t("top_p", "FP32", optional=True),
+    _t("temperature", "FP32", optional=True), _t("min_tokens", "INT32", optional=True),
+    _t("seed", "UINT64", optional=True), _t("stream", "BOOL", optional=True),
+    _t("exclude_input_in_output", "BOOL", optional=True),
+)
+ENSEMBLE_OUTPUTS = (
+    _t("text_output", "STRING", (-1,)), _t("finish_reason", "STRING"),
+    _t("num_input_tokens", "INT32"), _t("num_output_tokens", "INT32"),
+)
+# The LLM model's contract (tensorrtllm backend names) as fed by preprocessing.
+LLM_INPUTS = (
+    _t("input_ids", "INT32", (-1,)), _t("input_lengths", "INT32"), _t("request_output_len", "INT32"),
+    _t("end_id", "INT32", optional=True), _t("pad_id", "INT32", optional=True),
+    _t("stop_words_list", "INT32", (2, -1), True), _t("bad_words_list", "INT32", (2, -1), True),
+    _t("runtime_top_k", "INT32", optional=True), _t("runtime_top_p", "FP32", optional=True),
+    _t("temperature", "FP32", optional=True), _t("random_seed", "UINT64", optional=True),
+    _t("min_tokens", "INT32", optional=True), _t("streaming", "BOOL", optional=True),
+    _t("exclude_input_in_output", "BOOL", optional=True),
+)
+LLM_OUTPUTS = (
+    _t("output_ids", "INT32", (-1, -1)), _t("sequence_length", "INT32", (-1,)),
+    _t("finish_reason", "STRING"), _t("num_input_tokens", "INT32"), _t("num_output_tokens", "INT32"),
+)
+# preprocessing turns every ensemble input into the LLM input of the same meaning (all always present).
+PREPROCESSING_OUTPUTS = tuple(TensorSpec(t.name, t.dtype, t.dims) for t in LLM_INPUTS)
+
+
+def _io(spec: TensorSpec, kind):
+    msg = kind(name=spec.name, data_type=getattr(mc, f"TYPE_{spec.dtype}"), dims=list(spec.dims))
+    if spec.optional:
+        msg.optional = True
+    return msg
+
+
+def _batcher(b: DynamicBatcher) -> mc.ModelDynamicBatching:
+    db = mc.ModelDynamicBatching(max_queue_delay_microseconds=b.max_queue_delay_us,
+                                 preferred_batch_size=b.preferred_batch_sizes)
+    if b.max_queue_size:
+        db.default_queue_policy.max_queue_size = b.max_queue_size
+    return db
+
+
+def _python_model(name: str, max_batch_size: int, inputs, outputs, instances: int,
+                  parameters: dict[str, object]) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size,
+                         input=[_io(t, mc.ModelInput) for t in inputs],
+                         output=[_io(t, mc.ModelOutput) for t in outputs],
+                         instance_group=[mc.ModelInstanceGroup(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)])
+    for key, value in parameters.items():
+        cfg.parameters[key].string_value = str(value)
+    return cfg
+
+
+def preprocessing_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
+    cfg = _python_model("preprocessing", p.max_batch_size, ENSEMBLE_INPUTS, PREPROCESSING_OUTPUTS,
+                        p.preprocessing.instances,
+                        {"tokenizer_dir": p.tokenizer_dir, "max_input_len": limits["max_input_len"],
+                         "max_seq_len": limits["max_seq_len"]})
+    cfg.dynamic_batching.CopyFrom(_batcher(p.preprocessing.batcher))
+    return cfg
+
+
+def postprocessing_config(p: ServingProfile) -> mc.ModelConfig:
+    cfg = _python_model("postprocessing", p.max_batch_size, LLM_OUTPUTS, ENSEMBLE_OUTPUTS,
+                        p.postprocessing.instances, {"tokenizer_dir": p.tokenizer_dir})
+    cfg.dynamic_batching.CopyFrom(_batcher(p.postprocessing.batcher))
+    return cfg
+
+
+def cpu_llm_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
+    cfg = _python_model(p.llm_model_name, p.max_batch_size, LLM_INPUTS, LLM_OUTPUTS, p.llm.instances,
+                        {"engine_dir": p.engine_dir, "tokenizer_dir": p.tokenizer_dir,
+                         "max_queue_size": p.llm.max_queue_size, "cpu_threads": p.llm.cpu_threads,
+                         "drain_timeout_s": p.llm.drain_timeout_s})
+    cfg.model_transaction_policy.decoupled = True
+    # execute() only enqueues, so Triton's own queue never grows; the engine's bounded queue rejects.
+    cfg.dynamic_batching.max_queue_delay_microseconds = 0
+    return cfg
+
+
+def ensemble_config(p: ServingProfile) -> mc.ModelConfig:
+    llm_inputs = {t.name for t in LLM_INPUTS}
+    steps = [
+        mc.ModelEnsembling.Step(
+            model_name="preprocessing", model_version=-1,
+            input_map={t.name: t.name for t in ENSEMBLE_INPUTS},
+            output_map={t.name: f"_pre_{t.name}" for t in PREPROCESSING_OUTPUTS}),
+        mc.ModelEnsembling.Step(
+            model_name=p.llm_model_name, model_version=-1,
+            input_map={name: f"_pre_{name}" for name in sorted(llm_inputs)},
+            output_map={t.name: f"_llm_{t.name}" for t in LLM_OUTPUTS}),
+        mc.ModelEnsembling.Step(
+            model_name="postprocessing", model_version=-1,
+            input_map={t.name: f"_llm_{t.name}" for t in LLM_OUTPUTS},
+            output_map={t.name: t.name for t in ENSEMBLE_OUTPUTS}),
+    ]
+    return mc.ModelConfig(name="ensemble", platform="ensemble", max_batch_size=p.max_batch_size,
+                          input=[_io(t, mc.ModelInput) for t in ENSEMBLE_INPUTS],
+                          output=[_io(t, mc.ModelOutput) for t in ENSEMBLE_OUTPUTS],
+                          ensemble_scheduling=mc.ModelEnsembling(step=steps))
+
+
+def to_pbtxt(cfg: mc.ModelConfig) -> str:
+    return text_format.MessageToString(cfg)
+
+
+def parse_pbtxt(text: str) -> mc.ModelConfig:
+    return text_format.Parse(text, mc.ModelConfig())

@@ -1,0 +1,205 @@
+"""The engine loop: admit requests, run one batched step, sample, stream tokens out, free finished slots.
+
+``submit()`` is thread-safe and never blocks; one background thread owns the model, the cache and the
+scheduler, so no locks are needed on the hot path.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .kv_cache import KVCache
+from .model import Transformer
+from .sampling import Sampler
+from .scheduler import FinishReason, GenerationRequest, Scheduler, Sequence
+
+
+class QueueFullError(RuntimeError):
+    pass
+
+
+@dataclass
+class TokenEvent:
+    """One engine output: a new token (or None) and, on the last event of a request, why it finished."""
+
+    request_id: str
+    token_id: int | None
+    finish_reason: FinishReason | None
+    num_input_tokens: int
+    num_output_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    max_batch_size: int  # KV-cache slots = sequences decoding at once
+    max_seq_len: int
+    max_num_tokens: int  # per-step token budget (decode rows + prompt chunks)
+    max_queue_size: int  # requests waiting for a slot before new ones are rejected
+
+
+class LLMEngine:
+    def __init__(self, model: Transformer, limits: EngineLimits, on_event: Callable[[TokenEvent], None],
+                 token_bytes: list[bytes] | None = None, dtype: torch.dtype = torch.float32):
+        self.model = model.eval()
+        self.limits = limits
+        self.cache = KVCache(model.args, limits.max_batch_size, limits.max_seq_len, dtype)
+        self.scheduler = Scheduler(limits.max_batch_size, limits.max_num_tokens)
+        self.on_event = on_event
+        self.token_bytes = token_bytes
+        self._inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
+        self._queued = 0  # submitted but not yet holding a slot; guarded by _lock
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._cancel_all = False  # set when a shutdown drain times out
+        self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
+
+    # ---- public API (any thread) -------------------------------------------------------------------
+    def start(self) -> "LLMEngine":
+        self._thread.start()
+        return self
+
+    def submit(self, request: GenerationRequest) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                raise QueueFullError("the engine is shutting down and accepts no new requests")
+            if self._queued >= self.limits.max_queue_size:
+                raise QueueFullError(f"request queue is full ({self.limits.max_queue_size} waiting); retry later")
+            self._queued += 1
+        stop_bytes = []
+        if self.token_bytes is not None:
+            stop_bytes = [b"".join(self.token_bytes[i] for i in w) for w in request.stop_words]
+        self._inbox.put(Sequence(request, sampler=Sampler(request.sampling), stop_bytes=stop_bytes))
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    @property
+    def active(self) -> int:
+        return len(self.scheduler.running)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop accepting work, let in-flight requests finish (up to ``timeout``), then stop the loop."""
+        self._stopping.set()
+        self._inbox.put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():  # drain timed out: cancel the rest so every client gets an answer
+            self._cancel_all = True
+            self._thread.join()
+
+    # ---- engine thread -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                self._drain_inbox(block=not self.scheduler.has_work() and not self._stopping.is_set())
+                if self.scheduler.has_work():
+                    self._step()
+                elif self._stopping.is_set():
+                    return
+
+    def _drain_inbox(self, block: bool) -> None:
+        """Move submitted sequences to the scheduler; waits for the first one when idle."""
+        while True:
+            try:
+                item = self._inbox.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if item is not None:  # None only wakes the loop (shutdown)
+                self.scheduler.add(item)
+
+    def _step(self) -> None:
+        sched = self.scheduler
+        for seq in list(sched.running) + list(sched.waiting):
+            if self._cancel_all or seq.request.is_cancelled():
+                self._finish(seq, FinishReason.CANCELLED)
+        before = len(sched.running)
+        sched.admit(self.cache.allocate)
+        if len(sched.running) != before:
+            with self._lock:
+                self._queued -= len(sched.running) - before
+        plan = sched.plan()
+        if plan.decode:
+            tokens = torch.tensor([[s.output_ids[-1]] for s in plan.decode])
+            positions = torch.tensor([[s.length - 1] for s in plan.decode])
+            slots = torch.tensor([s.slot for s in plan.decode])
+            logits = self.model(tokens, positions, slots, self.cache)
+            for seq, row in zip(plan.decode, logits):
+                self._accept(seq, row)
+        for seq, chunk in plan.prefill:
+            start = seq.prefilled
+            tokens = torch.tensor([seq.request.prompt_ids[start:start + chunk]])
+            positions = torch.arange(start, start + chunk)[None]
+            logits = self.model(tokens, positions, torch.tensor([seq.slot]), self.cache)
+            seq.prefilled += chunk
+            if seq.generating:
+                self._accept(seq, logits[0])
+
+    def _accept(self, seq: Sequence, logits: torch.Tensor) -> None:
+        req = seq.request
+        banned = self._banned_tokens(seq)
+        if banned:
+            logits[banned] = float("-inf")
+        token = seq.sampler(logits)
+        if req.end_id is not None and token == req.end_id:
+            self._finish(seq, FinishReason.STOP)
+            return
+        seq.output_ids.append(token)
+        reason = None
+        if self._hits_stop_word(seq, token):
+            reason = FinishReason.STOP
+        elif len(seq.output_ids) >= req.max_new_tokens or seq.length >= self.limits.max_seq_len:
+            reason = FinishReason.LENGTH
+        self._emit(seq, token, reason)
+        if reason is not None:
+            self._release(seq)
+
+    def _banned_tokens(self, seq: Sequence) -> list[int]:
+        req = seq.request
+        banned = []
+        if req.end_id is not None and len(seq.output_ids) < req.sampling.min_tokens:
+            banned.append(req.end_id)
+        history = req.prompt_ids + seq.output_ids
+        for word in req.bad_words:
+            prefix = word[:-1]
+            if not prefix or history[len(history) - len(prefix):] == prefix:
+                banned.append(word[-1])
+        return banned
+
+    def _hits_stop_word(self, seq: Sequence, token: int) -> bool:
+        words = seq.request.stop_words
+        if not words:
+            return False
+        if self.token_bytes is None:  # no tokenizer: token-level match only
+            return any(seq.output_ids[-len(w):] == w for w in words)
+        # Match on bytes, so a stop string tokenised differently in context than alone still stops,
+        # even when it ends inside the new token.
+        new = self.token_bytes[token]
+        window = seq.tail + new
+        hit = any(s and s in window[-(len(s) + len(new) - 1):] for s in seq.stop_bytes)
+        keep = max(len(s) for s in seq.stop_bytes) - 1
+        seq.tail = window[-keep:] if keep > 0 else b""
+        return hit
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.slot < 0:  # still waiting for a slot
+            with self._lock:
+                self._queued -= 1
+        self._emit(seq, None, reason)
+        self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        self.scheduler.remove(seq)
+        if seq.slot >= 0:
+            self.cache.release(seq.slot)
+            seq.slot = -1
+
+    def _emit(self, seq: Sequence, token: int | None, reason: FinishReason | None) -> None:
+        seq.finish_reason = reason
+        self.on_event(TokenEvent(seq.request.request_id, token, reason, seq.prompt_len, len(seq.output_ids)))

@@ -1,0 +1,33 @@
+"""Static KV cache: one [slots, max_seq_len, kv_heads, head_dim] tensor pair per layer, handed out by slot."""
+
+from __future__ import annotations
+
+import torch
+
+from .model import ModelArgs
+
+
+class KVCache:
+    def __init__(self, args: ModelArgs, num_slots: int, max_seq_len: int, dtype: torch.dtype):
+        shape = (num_slots, max_seq_len, args.num_kv_heads, args.head_dim)
+        self.layers = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+                       for _ in range(args.num_layers)]
+        self.compute_dtype = dtype
+        self.num_slots = num_slots
+        self.max_seq_len = max_seq_len
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        return self._free.pop()
+
+    def release(self, slot: int) -> None:
+        # Stale keys need no clearing: a slot's attention never reads past its own current position.
+        self._free.append(slot)
+
+    def bytes_per_token(self) -> int:
+        k, _ = self.layers[0]
+        return 2 * len(self.layers) * k.shape[2] * k.shape[3] * k.element_size()

@@ -1,0 +1,173 @@
+"""Triton LLM model on CPU: the tensorrtllm backend's tensor contract over our in-flight-batching engine.
+
+Decoupled, vllm_backend style: ``execute()`` only validates and enqueues; the engine thread runs steps and
+a sender thread turns token events into responses, so neither waits on the other.
+"""
+
+import os
+import sys
+
+# Triton's Python stub ignores PYTHONPATH; the launcher sets it to the project and its environment.
+sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+
+import queue  # noqa: E402
+import threading  # noqa: E402
+import uuid  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from cpu_engine import (EngineLimits, GenerationRequest, LLMEngine, QueueFullError, SamplingParams,  # noqa: E402
+                        TokenEvent, load_engine)
+from serving.request_params import check_lengths, check_min_tokens, resolve_sampling  # noqa: E402
+from serving.text import Utf8Chunker, from_word_list, token_bytes_table  # noqa: E402
+from serving.triton_io import RequestError, error_response, model_parameters, scalar, single_row  # noqa: E402
+
+
+@dataclass
+class _Stream:
+    """What the sender thread needs to answer one request."""
+
+    sender: object
+    streaming: bool
+    echo_ids: list[int]  # prompt ids to prepend to the first response (exclude_input_in_output=false)
+    chunker: Utf8Chunker
+    collected: list[int] = field(default_factory=list)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        threads = int(params.get("cpu_threads", "0")) or os.cpu_count()
+        torch.set_num_threads(threads)  # once, at start-up: changing it later slows small models down
+        loaded = load_engine(params["engine_dir"])
+        build = loaded.build_config
+        self.max_input_len, self.max_seq_len = build["max_input_len"], build["max_seq_len"]
+        self.vocab_size = loaded.model.args.vocab_size
+        self.table = token_bytes_table(params["tokenizer_dir"])
+        self.drain_timeout_s = float(params.get("drain_timeout_s", "25"))
+        self._streams: dict[str, _Stream] = {}
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        limits = EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
+                              max_num_tokens=build["max_num_tokens"], max_queue_size=int(params["max_queue_size"]))
+        self.engine = LLMEngine(loaded.model, limits, on_event=self._events.put, token_bytes=self.table,
+                                dtype=loaded.compute_dtype).start()
+        self._sender = threading.Thread(target=self._send_loop, name="llm-responses", daemon=True)
+        self._sender.start()
+        pb_utils.Logger.log_info(f"CPU engine loaded from {params['engine_dir']} in {loaded.load_seconds:.2f}s "
+                                 f"({loaded.compute_dtype}, {threads} threads, {limits})")
+
+    # ---- request intake (Triton's thread) -----------------------------------------------------------
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                gen, stream = self._parse(request, sender)
+            except (RequestError, ValueError) as exc:
+                sender.send(error_response(exc), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            self._streams[gen.request_id] = stream
+            try:
+                self.engine.submit(gen)
+            except QueueFullError as exc:
+                del self._streams[gen.request_id]
+                sender.send(error_response(exc, pb_utils.TritonError.UNAVAILABLE),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def _parse(self, request, sender) -> tuple[GenerationRequest, _Stream]:
+        ids = single_row(request, "input_ids")
+        if ids is None or ids.size == 0:
+            raise RequestError("input_ids is empty: send at least one token")
+        ids = ids.reshape(-1)
+        if ids.min() < 0 or ids.max() >= self.vocab_size:
+            raise RequestError(f"input_ids must be token ids in [0, {self.vocab_size}), got "
+                               f"min {ids.min()} max {ids.max()}")
+        length = scalar(request, "input_lengths", int)
+        if length is not None:
+            if not 1 <= length <= ids.size:
+                raise RequestError(f"input_lengths {length} does not match input_ids of length {ids.size}")
+            ids = ids[:length]
+        max_tokens = scalar(request, "request_output_len", int)
+        if max_tokens is None:
+            raise RequestError("request_output_len is required")
+        prompt = ids.tolist()
+        check_lengths(len(prompt), max_tokens, self.max_input_len, self.max_seq_len)
+        min_tokens = scalar(request, "min_tokens", int) or 0
+        check_min_tokens(min_tokens, max_tokens)
+        sampling = resolve_sampling(scalar(request, "temperature", float), scalar(request, "runtime_top_k", int),
+                                    scalar(request, "runtime_top_p", float))
+        seed = scalar(request, "random_seed", int) or 0
+        exclude_input = scalar(request, "exclude_input_in_output", bool)
+        gen = GenerationRequest(
+            request_id=uuid.uuid4().hex,  # the client's id may be empty or reused; ours keys the stream
+            prompt_ids=prompt,
+            max_new_tokens=max_tokens,
+            sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed, min_tokens),
+            end_id=scalar(request, "end_id", int),
+            stop_words=self._word_list(request, "stop_words_list"),
+            bad_words=self._word_list(request, "bad_words_list"),
+            is_cancelled=sender.is_cancelled,
+        )
+        stream = _Stream(sender=sender, streaming=bool(scalar(request, "streaming", bool)),
+                         echo_ids=[] if exclude_input in (None, True) else prompt, chunker=Utf8Chunker(self.table))
+        return gen, stream
+
+    @staticmethod
+    def _word_list(request, name) -> list[list[int]]:
+        row = single_row(request, name)
+        if row is None:
+            return []
+        if row.ndim != 2 or row.shape[0] != 2:
+            raise RequestError(f"{name} must have shape [1, 2, N] (ids and offsets), got [1, {', '.join(map(str, row.shape))}]")
+        return from_word_list(row)
+
+    # ---- responses (sender thread) ------------------------------------------------------------------
+    def _send_loop(self):
+        while True:
+            event = self._events.get()
+            if event is None:
+                return
+            try:
+                self._handle(event)
+            except Exception as exc:  # a failed send (client gone) must not stop the other streams
+                pb_utils.Logger.log_error(f"sending a response failed: {exc}")
+
+    def _handle(self, event: TokenEvent):
+        stream = self._streams.get(event.request_id)
+        if stream is None:
+            return
+        chunk: list[int] = []
+        if event.token_id is not None:
+            if stream.streaming:
+                chunk = stream.chunker.push(event.token_id) or []
+            else:
+                stream.collected.append(event.token_id)
+        if event.finish_reason is None:
+            if chunk:
+                self._send(stream, chunk, event, final=False)
+            return
+        del self._streams[event.request_id]
+        rest = chunk + stream.chunker.flush() if stream.streaming else stream.collected
+        self._send(stream, rest, event, final=True)
+
+    def _send(self, stream: _Stream, ids: list[int], event: TokenEvent, final: bool):
+        if stream.echo_ids:
+            ids, stream.echo_ids = stream.echo_ids + ids, []
+        reason = event.finish_reason.value if final else ""
+        response = pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, -1)),
+            pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
+            pb_utils.Tensor("finish_reason", np.array([[reason.encode()]], dtype=object)),
+            pb_utils.Tensor("num_input_tokens", np.array([[event.num_input_tokens]], dtype=np.int32)),
+            pb_utils.Tensor("num_output_tokens", np.array([[event.num_output_tokens]], dtype=np.int32)),
+        ])
+        stream.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+
+    def finalize(self):
+        # Drain: requests already accepted finish (up to the timeout) before the process exits.
+        self.engine.shutdown(timeout=self.drain_timeout_s)
+        self._events.put(None)
+        self._sender.join(timeout=5)

@@ -1,0 +1,48 @@
+"""Helpers for the Python-backend models (importable only inside Triton's Python stub)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class RequestError(ValueError):
+    """A request the user must fix: becomes INVALID_ARG."""
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    config = json.loads(args["model_config"])
+    return {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+
+
+def tensor(request, name: str) -> np.ndarray | None:
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    return None if t is None else t.as_numpy()
+
+
+def single_row(request, name: str) -> np.ndarray | None:
+    """The request's only batch row of ``name``; one prompt per request, like TensorRT-LLM's in-flight batcher."""
+    value = tensor(request, name)
+    if value is None:
+        return None
+    if value.ndim == 0 or value.shape[0] != 1:
+        raise RequestError(f"send one prompt per request: {name} has batch size "
+                           f"{value.shape[0] if value.ndim else 0}, expected 1")
+    return value[0]
+
+
+def scalar(request, name: str, cast):
+    """An optional [1, 1] input as a Python value, or None when absent."""
+    row = single_row(request, name)
+    if row is None:
+        return None
+    if row.size != 1:
+        raise RequestError(f"{name} must hold exactly one value, got {row.size}")
+    return cast(row.reshape(-1)[0])
+
+
+def error_response(exc: Exception, code=None) -> "pb_utils.InferenceResponse":
+    code = pb_utils.TritonError.INVALID_ARG if code is None else code
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc), code))
