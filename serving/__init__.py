@@ -1,0 +1,1 @@
+"""Serving side of the stack: the tritonserver launcher (``python -m serving serve``) and shared helpers."""

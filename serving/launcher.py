@@ -1,0 +1,485 @@
+"""Start, watch and stop a real ``tritonserver`` (used by ``python -m serving serve`` and by test fixtures).
+
+Two installs are supported: the NGC container (``/opt/tritonserver``) and, everywhere else, the
+tritonserver 2.51 that ships inside the ``nvidia-pytriton`` wheel. The launcher stays the server's parent so
+that, when start-up fails, it can read the server's log and say *why* (which model, which error, which port)
+instead of leaving the user with a few hundred lines of Triton output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import importlib.util
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+NGC_ROOT = Path("/opt/tritonserver")
+DEFAULT_BACKEND_WORK_DIR = PROJECT_ROOT / "build" / "triton_backends"
+PORT_ENV = {"http_port": "HTTP_PORT", "grpc_port": "GRPC_PORT", "metrics_port": "METRICS_PORT"}
+ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
+# APIs that can change what is served or map client memory: usable only with the admin-key header.
+RESTRICTED_APIS = "model-repository,shared-memory"
+
+
+class ServerStartError(RuntimeError):
+    """tritonserver could not start or become ready; the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------- install
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    backend_dir: Path
+    lib_dir: Path | None = None  # prepended to LD_LIBRARY_PATH (wheel only)
+
+
+def find_tritonserver(work_dir: Path | None = None) -> TritonInstall:
+    """The NGC container's server if present, else the pytriton wheel's (backend dir prepared in work_dir)."""
+    if (NGC_ROOT / "bin" / "tritonserver").exists():
+        return TritonInstall(NGC_ROOT / "bin" / "tritonserver", NGC_ROOT / "backends")
+    spec = importlib.util.find_spec("pytriton")  # locate without importing pytriton itself
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerStartError(
+            "no tritonserver found: /opt/tritonserver/bin/tritonserver is absent and nvidia-pytriton is not "
+            "installed (pip install -e .)"
+        )
+    pkg = Path(next(iter(spec.submodule_search_locations)))
+    wheel = pkg / "tritonserver"
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = wheel / "python_backend_stubs" / py / "triton_python_backend_stub"
+    if not stub.exists():
+        raise ServerStartError(f"nvidia-pytriton has no Python backend stub for Python {py} ({stub})")
+    backend_dir = Path(work_dir or DEFAULT_BACKEND_WORK_DIR)
+    python_dir = backend_dir / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    # The python backend looks for the stub next to libtriton_python.so, so all three live in one folder.
+    for src in (wheel / "backends/python/libtriton_python.so",
+                wheel / "backends/python/triton_python_backend_utils.py", stub):
+        _copy_if_changed(src, python_dir / src.name)
+    return TritonInstall(wheel / "bin" / "tritonserver", backend_dir, pkg.parent / "nvidia_pytriton.libs")
+
+
+def _copy_if_changed(src: Path, dst: Path) -> None:
+    s = src.stat()
+    if dst.exists() and not dst.is_symlink():
+        d = dst.stat()
+        if d.st_size == s.st_size and int(d.st_mtime) == int(s.st_mtime):
+            return
+    # Copy then rename: a concurrently starting server never sees a half-written file.
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+
+
+def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for tritonserver. The Python stub ignores PYTHONPATH for sys.path, but model.py files
+    prepend os.environ["PYTHONPATH"] themselves: it must name the project and this interpreter's packages."""
+    env = dict(os.environ if base is None else base)
+    paths = [str(PROJECT_ROOT), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    paths += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    if install.lib_dir is not None:
+        libs = [str(install.lib_dir)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+@dataclass
+class ServerConfig:
+    model_repository: Path
+    http_port: int = 8000  # 0 = pick a free port at start
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    exit_timeout_secs: int = 30
+    log_verbose: int = 0
+    extra_args: list[str] = field(default_factory=list)
+    log_file: Path | None = None  # None: server output is echoed to our stdout
+
+    @classmethod
+    def from_env(cls, model_repository: Path | str, **overrides) -> ServerConfig:
+        """Ports from HTTP_PORT / GRPC_PORT / METRICS_PORT when set; explicit overrides win."""
+        ports = {k: int(os.environ[v]) for k, v in PORT_ENV.items() if os.environ.get(v)}
+        ports.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(model_repository=Path(model_repository), **ports)
+
+
+class ServerUrls(NamedTuple):
+    http: str
+    grpc: str
+    metrics: str
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def check_ports(config: ServerConfig) -> None:
+    seen: dict[int, str] = {}
+    for name, env in PORT_ENV.items():
+        port = getattr(config, name)
+        if port in seen:
+            raise ServerStartError(f"port {port} is used for both {seen[port]} and {env}")
+        seen[port] = env
+        with socket.socket() as s:
+            # SO_REUSEADDR like the server: a port in TIME_WAIT is usable, one with a listener is not.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                raise ServerStartError(f"port {port} ({env}) is already in use") from None
+
+
+def build_command(config: ServerConfig, install: TritonInstall, admin_key: str) -> list[str]:
+    restricted = f"{RESTRICTED_APIS}:admin-key={admin_key}"
+    return [
+        str(install.binary),
+        f"--model-repository={Path(config.model_repository).resolve()}",
+        f"--backend-directory={install.backend_dir}",
+        f"--http-port={config.http_port}",
+        f"--grpc-port={config.grpc_port}",
+        f"--metrics-port={config.metrics_port}",
+        "--allow-metrics=true",
+        "--allow-cpu-metrics=true",
+        f"--exit-timeout-secs={config.exit_timeout_secs}",
+        "--model-control-mode=none",  # load everything at start, never change at run time
+        "--strict-readiness=true",  # ready only when every model is
+        "--disable-auto-complete-config",  # we ship full configs (2.51: --strict-model-config is deprecated)
+        "--log-info=true",
+        f"--log-verbose={config.log_verbose}",
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
+        *config.extra_args,
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- diagnosis
+
+_ESCAPE = re.compile(r"\\(.)")
+_QUOTED = re.compile(r'^[IWE]\d{4} [\d:.]+\s+\d+ \S+\] "(.*)"\s*$')
+_SOCKET_BUSY = re.compile(r"failed to start (\w+) service: .*?Socket '(.*):(\d+)' already in use")
+_MODEL_ERRORS = [
+    re.compile(r"failed to load '(?P<model>[^']+)' version \d+: (?P<msg>.*)", re.S),
+    re.compile(r"failed to load model '(?P<model>[^']+)': (?P<msg>.*)", re.S),
+    re.compile(r"Poll failed for model directory '(?P<model>[^']+)': (?P<msg>.*)", re.S),
+    re.compile(r"ensemble '(?P<model>[^']+)' (?P<msg>depends on '[^']+' which has no loaded version)"),
+]
+_PROTO_ERROR = re.compile(r"Error parsing text-format inference\.ModelConfig: (.*)")
+
+
+def _message(line: str) -> str:
+    """Triton logs most messages as one C-escaped quoted string; return it unescaped."""
+    m = _QUOTED.match(line)
+    if not m:
+        return line
+    return _ESCAPE.sub(lambda e: {"n": "\n", "t": "\t"}.get(e.group(1), e.group(1)), m.group(1))
+
+
+def _short(msg: str) -> str:
+    """First line of an error plus the innermost Python frame (pybind lists it first after 'At:')."""
+    lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    out = lines[0]
+    if "At:" in lines:
+        frames = lines[lines.index("At:") + 1:]
+        if frames:
+            out += f" (at {frames[0]})"
+    return out
+
+
+def _status_table(lines: list[str]) -> dict[str, str]:
+    """The 'Model | Version | Status' table Triton prints after loading; multi-line cells are joined."""
+    rows: dict[str, list[str]] = {}
+    inside, current = False, None
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else None
+        if cells and cells[:3] == ["Model", "Version", "Status"]:
+            inside, rows = True, {}
+        elif inside and cells is None and not line.startswith("+"):
+            inside = False
+        elif inside and cells and len(cells) == 3:
+            if cells[0]:
+                current = cells[0]
+                rows[current] = [cells[2]]
+            elif current:
+                rows[current].append(cells[2])
+    return {k: "\n".join(v) for k, v in rows.items()}
+
+
+def diagnose(log: str, config: ServerConfig | None = None) -> str:
+    """A short explanation of why the server did not come up, from its log."""
+    lines = log.splitlines()
+    reasons: list[str] = []
+    models: dict[str, str] = {}
+    loading: dict[str, None] = {}
+    proto_error: str | None = None
+    generic_busy: str | None = None
+    for line in lines:
+        msg = _message(line)
+        if m := _PROTO_ERROR.search(line):
+            proto_error = m.group(1).strip()
+        if m := _SOCKET_BUSY.search(msg):
+            port = int(m.group(3))
+            env = next((v for k, v in PORT_ENV.items() if config and getattr(config, k) == port), None)
+            reasons.append(f"port {port}" + (f" ({env})" if env else "") + f" is already in use "
+                           f"({m.group(1)} service could not bind {m.group(2)}:{port})")
+        elif "Address already in use" in msg and generic_busy is None:
+            generic_busy = "a port is already in use: " + msg.strip()[:200]
+        if m := re.match(r"loading: (.+):\d+$", msg):
+            loading[m.group(1)] = None
+        if m := re.match(r"successfully loaded '([^']+)'", msg):
+            loading.pop(m.group(1), None)
+        for pattern in _MODEL_ERRORS:
+            if (m := pattern.search(msg)) and m.group("model") not in models:
+                text = _short(m.group("msg"))
+                if pattern is _MODEL_ERRORS[2] and proto_error:
+                    text += f": {proto_error}"
+                models[m.group("model")] = text
+                loading.pop(m.group("model"), None)
+                break
+    for model, status in _status_table(lines).items():
+        if status != "READY" and model not in models:
+            models[model] = _short(status)
+    if generic_busy and not reasons:
+        reasons.append(generic_busy)
+    reasons += [f"model '{name}': {text}" for name, text in models.items()]
+    if loading and not models:
+        reasons.append("still loading: " + ", ".join(loading))
+    final = [ln.strip() for ln in lines if ln.startswith("error: ")]
+    if final:
+        reasons.append(final[-1])
+    if not reasons:  # unknown failure: show the error-level lines, or the tail of the log
+        errors = [ln for ln in lines if ln[:1] == "E" and "CudaDriverHelper" not in ln]
+        reasons = (errors or lines)[-10:]
+    return "\n".join(f"  - {r}" for r in reasons)
+
+
+# ---------------------------------------------------------------------------------------------- server
+
+
+class TritonServer:
+    """One tritonserver process. ``with TritonServer(cfg) as s:`` starts it and waits until it is ready."""
+
+    def __init__(self, config: ServerConfig, install: TritonInstall | None = None,
+                 ready_timeout: float = 300.0) -> None:
+        self.config = config
+        self.install = install
+        self.ready_timeout = ready_timeout
+        self.admin_key = os.environ.get(ADMIN_KEY_ENV) or ""
+        self.process: subprocess.Popen[bytes] | None = None
+        self.stop_requested = False
+        self._tail: collections.deque[str] = collections.deque(maxlen=5000)
+        self._echo: threading.Thread | None = None
+        self._echo_lock = threading.Lock()
+
+    @property
+    def urls(self) -> ServerUrls:
+        c = self.config
+        return ServerUrls(f"http://localhost:{c.http_port}", f"localhost:{c.grpc_port}",
+                          f"http://localhost:{c.metrics_port}/metrics")
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def start(self) -> None:
+        if self.process is not None:
+            raise RuntimeError("server already started")
+        # Port 0 = any free port (tests); resolved here so .urls and the command agree.
+        chosen = {getattr(self.config, k) for k in PORT_ENV}
+        for name in PORT_ENV:
+            if getattr(self.config, name) == 0:
+                while (port := free_port()) in chosen:
+                    pass
+                chosen.add(port)
+                self.config = dataclasses.replace(self.config, **{name: port})
+        repo = Path(self.config.model_repository)
+        if not repo.is_dir():
+            raise ServerStartError(f"model repository {repo} does not exist (build it first)")
+        check_ports(self.config)
+        self.install = self.install or find_tritonserver()
+        self.admin_key = self.admin_key or secrets.token_urlsafe(24)  # never printed
+        cmd = build_command(self.config, self.install, self.admin_key)
+        log_file = Path(self.config.log_file) if self.config.log_file is not None else None
+        if log_file is not None:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+        # stderr too: gRPC bind errors and the final "error: creating server" line are printed there.
+        with open(log_file, "wb") if log_file else contextlib.nullcontext(subprocess.PIPE) as out:
+            try:
+                self.process = subprocess.Popen(cmd, env=server_env(self.install), stdin=subprocess.DEVNULL,
+                                                stdout=out, stderr=subprocess.STDOUT)
+            except OSError as e:
+                raise ServerStartError(f"cannot run {cmd[0]}: {e}") from e
+        if log_file is None:
+            # Echo the log to our stdout and keep a tail of it for diagnosis.
+            self._echo = threading.Thread(target=self._pump, name="tritonserver-log", daemon=True)
+            self._echo.start()
+
+    def _pump(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for raw in self.process.stdout:
+            line = raw.decode("utf-8", "replace")
+            self._tail.append(line.rstrip("\n"))
+            with self._echo_lock:
+                try:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                except (OSError, ValueError):
+                    pass  # our stdout is gone; keep draining or the server blocks on a full pipe
+
+    def say(self, text: str) -> None:
+        """Print a line to stdout without splitting a server log line in two."""
+        with self._echo_lock:
+            print(text, flush=True)
+
+    def log_text(self) -> str:
+        if self.config.log_file is not None and Path(self.config.log_file).exists():
+            return Path(self.config.log_file).read_text("utf-8", "replace")
+        return "\n".join(self._tail)
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.urls.http}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False  # refused while starting, 400 while models load
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until /v2/health/ready answers 200. On failure, stop the server and raise ServerStartError."""
+        assert self.process is not None, "start() first"
+        deadline = time.monotonic() + (self.ready_timeout if timeout is None else timeout)
+        while True:
+            if self.process.poll() is not None:
+                problem = f"tritonserver exited with code {self.process.returncode} before it was ready"
+                break
+            if self.is_ready():
+                return
+            if self.stop_requested:
+                problem = "stopped before it was ready"
+                break
+            if time.monotonic() > deadline:
+                problem = f"tritonserver was not ready after {timeout or self.ready_timeout:.0f} s"
+                break
+            time.sleep(0.25)
+        self.stop()
+        log = self.log_text()
+        where = f" (log: {self.config.log_file})" if self.config.log_file else ""
+        raise ServerStartError(f"{problem}{where}:\n{diagnose(log, self.config)}")
+
+    def terminate(self) -> None:
+        """Ask the server to drain and exit (SIGTERM), without waiting; it finishes in-flight work for up to
+        exit_timeout_secs. Marks the stop as requested, so wait_ready() does not report it as a failure."""
+        self.stop_requested = True
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM, wait (default: exit_timeout_secs + 15 s for model unloading), then SIGKILL."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(self.config.exit_timeout_secs + 15 if timeout is None else timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self._echo is not None:
+            self._echo.join(timeout=5)
+        return self.process.returncode
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        self.wait_ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # passed verbatim to tritonserver
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(prog="python -m serving", description="Run NVIDIA Triton for this project.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run tritonserver in the foreground until SIGTERM/SIGINT",
+                           epilog="Arguments after '--' are passed to tritonserver unchanged.")
+    serve.add_argument("--model-repository", type=Path, default=PROJECT_ROOT / "build" / "model_repository")
+    for name, env in PORT_ENV.items():
+        serve.add_argument(f"--{name.replace('_', '-')}", type=int, help=f"default: ${env} or the Triton default")
+    serve.add_argument("--exit-timeout-secs", type=int, default=30)
+    serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
+    args = parser.parse_args(argv)
+
+    try:
+        config = ServerConfig.from_env(args.model_repository, http_port=args.http_port,
+                                       grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+    except ValueError as e:
+        parser.error(f"bad port in environment: {e}")
+    config.exit_timeout_secs, config.log_verbose, config.extra_args = (
+        args.exit_timeout_secs, args.log_verbose, extra)
+    server = TritonServer(config, ready_timeout=args.ready_timeout)
+
+    def forward(signum: int, _frame: object) -> None:
+        # First signal: let tritonserver drain. A second one: the user wants out now.
+        if server.stop_requested and server.process is not None:
+            server.process.kill()
+        server.terminate()
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    try:
+        server.start()
+        server.wait_ready()
+    except ServerStartError as e:
+        if server.stop_requested:  # stopped by the user during start-up: not a failure to diagnose
+            return _exit_code(server.returncode)
+        print(f"serving: failed to start tritonserver: {e}", file=sys.stderr, flush=True)
+        return 1
+    u = server.urls
+    server.say(f"ready: HTTP {u.http}, gRPC {u.grpc}, metrics {u.metrics}")
+    assert server.process is not None
+    server.process.wait()
+    if server._echo is not None:
+        server._echo.join(timeout=5)
+    return _exit_code(server.returncode)
+
+
+def _exit_code(rc: int | None) -> int:
+    if rc is None:
+        return 1
+    return 128 - rc if rc < 0 else rc  # killed by signal N -> 128+N, like a shell
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""The launcher against a real tritonserver (the pytriton wheel's 2.51 on CPU, or /opt/tritonserver)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from serving.launcher import (
+    PROJECT_ROOT,
+    ServerConfig,
+    ServerStartError,
+    TritonServer,
+    build_command,
+    diagnose,
+    find_tritonserver,
+    free_port,
+    server_env,
+)
+
+CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+"""
+
+# Like the project's models: the stub ignores PYTHONPATH, so model.py puts it on sys.path itself.
+MODEL = """\
+import os, sys
+sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        {init}
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", (2 * x).astype(np.float32))]))
+        return out
+"""
+
+
+def write_model(repo: Path, name: str, init: str = "pass") -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+    (repo / name / "1" / "model.py").write_text(MODEL.format(init=init))
+
+
+@pytest.fixture(scope="module")
+def install():
+    try:
+        return find_tritonserver()
+    except ServerStartError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture
+def good_repo(tmp_path: Path) -> Path:
+    write_model(tmp_path / "repo", "double")
+    return tmp_path / "repo"
+
+
+def config_for(repo: Path, tmp_path: Path, **kw) -> ServerConfig:
+    return ServerConfig(repo, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_secs=5,
+                        log_file=tmp_path / "tritonserver.log", **kw)
+
+
+def http(method: str, url: str, body: dict | None = None, headers: dict | None = None) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_every_flag_exists_in_this_tritonserver(install, tmp_path):
+    help_text = subprocess.run([str(install.binary), "--help"], env=server_env(install),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60).stdout
+    cmd = build_command(ServerConfig(tmp_path), install, admin_key="k")
+    flags = [arg.split("=")[0] for arg in cmd[1:]]
+    assert len(flags) >= 15
+    for flag in flags:
+        assert f"  {flag} " in help_text or f"  {flag}\n" in help_text, flag
+
+
+def test_backend_dir_is_prepared_idempotently(install, tmp_path):
+    if install.lib_dir is None:
+        pytest.skip("NGC install: no backend directory to prepare")
+    first = find_tritonserver(tmp_path / "be")
+    stub = first.backend_dir / "python" / "triton_python_backend_stub"
+    assert stub.is_file() and os.access(stub, os.X_OK) and not stub.is_symlink()
+    assert (first.backend_dir / "python" / "libtriton_python.so").is_file()
+    before = {p.name: p.stat().st_ino for p in (first.backend_dir / "python").iterdir()}
+    second = find_tritonserver(tmp_path / "be")
+    assert second == first
+    assert {p.name: p.stat().st_ino for p in (second.backend_dir / "python").iterdir()} == before
+
+
+def test_ports_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("HTTP_PORT", "18000")
+    monkeypatch.setenv("GRPC_PORT", "18001")
+    monkeypatch.delenv("METRICS_PORT", raising=False)
+    cfg = ServerConfig.from_env("repo", grpc_port=19001)
+    assert (cfg.http_port, cfg.grpc_port, cfg.metrics_port) == (18000, 19001, 8002)
+
+
+def test_serves_a_python_model_and_stops_cleanly(install, good_repo, tmp_path):
+    server = TritonServer(config_for(good_repo, tmp_path), install)
+    with server:
+        assert 0 not in (server.config.http_port, server.config.grpc_port, server.config.metrics_port)
+        status, body = http("POST", f"{server.urls.http}/v2/models/double/infer",
+                            {"inputs": [{"name": "X", "datatype": "FP32", "shape": [3], "data": [1, 2, 3]}]})
+        assert status == 200, body
+        assert json.loads(body)["outputs"][0]["data"] == [2.0, 4.0, 6.0]
+        status, metrics = http("GET", server.urls.metrics)
+        assert status == 200 and b"nv_inference_request_success" in metrics
+        # Model-repository API is restricted to holders of the admin key.
+        assert http("POST", f"{server.urls.http}/v2/repository/index")[0] == 403
+        assert http("POST", f"{server.urls.http}/v2/repository/index", headers={"admin-key": "wrong"})[0] == 403
+        status, body = http("POST", f"{server.urls.http}/v2/repository/index",
+                            headers={"admin-key": server.admin_key})
+        assert status == 200 and b'"double"' in body
+    assert server.returncode == 0  # SIGTERM: drained and exited cleanly
+    assert "successfully unloaded 'double'" in server.log_text()
+    assert server.admin_key not in server.log_text()
+
+
+def test_broken_model_is_named_with_its_error(install, good_repo, tmp_path):
+    write_model(good_repo, "broken", init='raise RuntimeError("weights file /nope/w.safetensors not found")')
+    server = TritonServer(config_for(good_repo, tmp_path), install)
+    with pytest.raises(ServerStartError) as err:
+        with server:
+            pass
+    msg = str(err.value)
+    assert "model 'broken'" in msg
+    assert "RuntimeError: weights file /nope/w.safetensors not found" in msg
+    assert "model.py" in msg  # where it was raised
+    assert "double" not in msg  # the healthy model is not blamed
+    assert server.returncode is not None  # nothing left running
+
+
+def test_busy_port_is_reported_before_starting(install, good_repo, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = ServerConfig(good_repo, http_port=free_port(), grpc_port=port, metrics_port=free_port())
+        server = TritonServer(config, install)
+        with pytest.raises(ServerStartError, match=rf"^port {port} \(GRPC_PORT\) is already in use$"):
+            server.start()
+        assert server.process is None
+
+
+def test_port_taken_after_the_check_is_diagnosed_from_the_log():
+    # The bind test can race with another process; then the server's own log names the port.
+    log = ("E1202 12:49:38.605574 4364 main.cc:293] \"failed to start Metrics service: "
+           "Unavailable - Socket '0.0.0.0:28132' already in use \"\n")
+    text = diagnose(log, ServerConfig(Path("r"), 28130, 28131, 28132))
+    assert "port 28132 (METRICS_PORT) is already in use" in text
+
+
+def test_model_status_table_is_parsed():
+    log = textwrap.dedent("""\
+        I1202 12:50:15.614191 4542 server.cc:674]
+        +-----------+---------+---------------------------------------+
+        | Model     | Version | Status                                |
+        +-----------+---------+---------------------------------------+
+        | llm       | 1       | READY                                 |
+        | noversion | -       | Not loaded: No model version was found |
+        +-----------+---------+---------------------------------------+
+        """)
+    text = diagnose(log)
+    assert "model 'noversion': Not loaded: No model version was found" in text
+    assert "llm" not in text
+
+
+def _cli(repo: Path, tmp_path: Path, ports: list[int]) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / "cli.out"
+    env = dict(os.environ, HTTP_PORT=str(ports[0]), GRPC_PORT=str(ports[1]), METRICS_PORT=str(ports[2]))
+    proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--model-repository", str(repo),
+                             "--exit-timeout-secs", "5"], cwd=PROJECT_ROOT, env=env,
+                            stdout=out.open("wb"), stderr=subprocess.STDOUT)
+    return proc, out
+
+
+def test_cli_serves_until_sigterm(install, good_repo, tmp_path):
+    ports = [free_port(), free_port(), free_port()]
+    proc, out = _cli(good_repo, tmp_path, ports)
+    try:
+        deadline = time.monotonic() + 120
+        while "ready:" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ready = [ln for ln in out.read_text().splitlines() if ln.startswith("ready:")]
+        assert ready == [f"ready: HTTP http://localhost:{ports[0]}, gRPC localhost:{ports[1]}, "
+                         f"metrics http://localhost:{ports[2]}/metrics"], out.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert "successfully unloaded 'double'" in out.read_text()  # drained, not killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_cli_explains_a_failed_start(install, good_repo, tmp_path):
+    write_model(good_repo, "broken", init="import no_such_module_xyz")
+    proc, out = _cli(good_repo, tmp_path, [free_port(), free_port(), free_port()])
+    assert proc.wait(120) != 0
+    text = out.read_text()
+    assert "serving: failed to start tritonserver" in text
+    assert "model 'broken': Internal: ModuleNotFoundError: No module named 'no_such_module_xyz'" in text

@@ -1,0 +1,172 @@
+"""End to end through a real tritonserver: ensemble, hand-chained models, HTTP generate, streaming."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import requests
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from builders.triton_config import parse_pbtxt, to_pbtxt
+from tests.triton_helpers import make_input, stream_request, text_inputs, texts
+
+PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Parser:\n    def __init__(self", "x = [1, 2, 3]"]
+UNICODE_PROMPTS = ["# 你好，世界 — 日本語のテキスト", "emoji 👋🏽🎉 and café", "  leading  spaces\tand tabs"]
+
+
+@pytest.fixture(scope="session")
+def hf(tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, local_files_only=True, dtype=torch.float32).eval()
+    return tokenizer, model
+
+
+def hf_greedy(hf, prompt: str, max_new_tokens: int) -> list[int]:
+    """The oracle: Hugging Face transformers' own greedy decode, stopping at EOS like our engine."""
+    tokenizer, model = hf
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    new = out[0, ids.shape[1]:].tolist()
+    return new[: new.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in new else new
+
+
+def test_rendered_configs_parse_and_have_no_placeholders(model_repository):
+    configs = sorted(model_repository.glob("*/config.pbtxt"))
+    assert {c.parent.name for c in configs} == {"preprocessing", "llm", "postprocessing", "ensemble"}
+    for path in configs:
+        text = path.read_text()
+        assert "$" not in text, f"{path} has a template placeholder"
+        cfg = parse_pbtxt(text)
+        assert cfg.name == path.parent.name
+        assert to_pbtxt(cfg) == text  # the file is exactly what the protobuf printer writes
+    llm = parse_pbtxt((model_repository / "llm" / "config.pbtxt").read_text())
+    assert llm.model_transaction_policy.decoupled
+    pre = parse_pbtxt((model_repository / "preprocessing" / "config.pbtxt").read_text())
+    assert pre.dynamic_batching.default_queue_policy.max_queue_size == 128
+
+
+def test_health_and_metadata(triton):
+    http = triton.urls.http
+    assert requests.get(f"{http}/v2/health/live").status_code == 200
+    assert requests.get(f"{http}/v2/health/ready").status_code == 200
+    for model in ("ensemble", "preprocessing", "llm", "postprocessing"):
+        assert requests.get(f"{http}/v2/models/{model}/ready").status_code == 200
+    meta = requests.get(f"{http}/v2/models/ensemble").json()
+    assert {i["name"] for i in meta["inputs"]} >= {"text_input", "max_tokens", "stream", "temperature", "top_k",
+                                                   "top_p", "seed", "stop_words", "end_id", "pad_id",
+                                                   "exclude_input_in_output"}
+    assert {o["name"] for o in meta["outputs"]} == {"text_output", "finish_reason", "num_input_tokens",
+                                                    "num_output_tokens"}
+    assert requests.get(triton.urls.metrics).status_code == 200
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_tokens_equal_hugging_face(triton, hf, prompt):
+    tokenizer, _ = hf
+    expected = hf_greedy(hf, prompt, 24)
+    ids = tokenizer(prompt).input_ids
+    inputs = [make_input("input_ids", [ids], np.int32), make_input("input_lengths", [[len(ids)]], np.int32),
+              make_input("request_output_len", [[24]], np.int32),
+              make_input("end_id", [[tokenizer.eos_token_id]], np.int32)]
+    responses, error = stream_request(triton.urls.grpc, "llm", inputs)
+    assert error is None, error
+    (response,) = responses
+    assert response["output_ids"][0, 0].tolist() == expected
+    # Through the whole ensemble, the text is the oracle's tokens decoded by the HF tokenizer.
+    responses, error = stream_request(triton.urls.grpc, "ensemble", text_inputs(prompt, 24))
+    assert error is None, error
+    assert texts(responses) == [tokenizer.decode(expected, skip_special_tokens=True).encode()]
+    assert int(responses[0]["num_output_tokens"].reshape(-1)[0]) == len(expected)
+    assert int(responses[0]["num_input_tokens"].reshape(-1)[0]) == len(ids)
+
+
+def test_ensemble_equals_hand_chained_models(triton):
+    prompt, max_tokens = "def parse(line):", 20
+    http = triton.urls.http
+    pre = requests.post(f"{http}/v2/models/preprocessing/infer", json={"inputs": [
+        {"name": "text_input", "shape": [1, 1], "datatype": "BYTES", "data": [prompt]},
+        {"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [max_tokens]}]})
+    assert pre.status_code == 200, pre.text
+    pre_out = {o["name"]: o for o in pre.json()["outputs"]}
+    dtypes = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": bool}
+    llm_inputs = [make_input(name, np.array(o["data"], dtype=dtypes[o["datatype"]]).reshape(o["shape"]))
+                  for name, o in pre_out.items()]
+    responses, error = stream_request(triton.urls.grpc, "llm", llm_inputs)
+    assert error is None, error
+    (llm_out,) = responses
+    post = requests.post(f"{http}/v2/models/postprocessing/infer", json={"inputs": [
+        {"name": name, "shape": list(value.shape), "datatype": "BYTES" if value.dtype == object else "INT32",
+         "data": [v.decode() if isinstance(v, bytes) else int(v) for v in value.reshape(-1)]}
+        for name, value in llm_out.items()]})
+    assert post.status_code == 200, post.text
+    chained = {o["name"]: o["data"] for o in post.json()["outputs"]}
+    responses, error = stream_request(triton.urls.grpc, "ensemble", text_inputs(prompt, max_tokens))
+    assert error is None, error
+    assert [t.decode() for t in texts(responses)] == chained["text_output"]
+    assert responses[0]["finish_reason"].reshape(-1)[0].decode() == chained["finish_reason"][0]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2] + UNICODE_PROMPTS)
+@pytest.mark.parametrize("exclude_input", [True, False])
+def test_streamed_text_equals_non_streamed_bytes(triton, prompt, exclude_input):
+    kwargs = dict(exclude_input_in_output=exclude_input, temperature=0.9, top_k=40, seed=7)
+    whole, error = stream_request(triton.urls.grpc, "ensemble", text_inputs(prompt, 48, stream=False, **kwargs))
+    assert error is None, error
+    chunks, error = stream_request(triton.urls.grpc, "ensemble", text_inputs(prompt, 48, stream=True, **kwargs))
+    assert error is None, error
+    assert len(whole) == 1 and len(chunks) > 1
+    streamed = b"".join(texts(chunks))
+    assert streamed == texts(whole)[0]
+    for chunk in texts(chunks):
+        chunk.decode("utf-8")  # every chunk is whole UTF-8 on its own
+    if not exclude_input:
+        assert streamed.startswith(prompt.encode())
+        assert "\ufffd" not in streamed[: len(prompt.encode())].decode()
+    final = chunks[-1]
+    assert final["finish_reason"].reshape(-1)[0] in (b"length", b"stop")
+    assert all(c["finish_reason"].reshape(-1)[0] == b"" for c in chunks[:-1])
+
+
+def test_http_generate_and_generate_stream_agree(triton):
+    body = {"text_input": "for i in range(", "max_tokens": 32, "temperature": 0.8, "seed": 3}
+    whole = requests.post(f"{triton.urls.http}/v2/models/ensemble/generate", json=body)
+    assert whole.status_code == 200, whole.text
+    stream = requests.post(f"{triton.urls.http}/v2/models/ensemble/generate_stream", json={**body, "stream": True})
+    assert stream.status_code == 200, stream.text
+    events = [json.loads(line[len("data: "):]) for line in stream.text.splitlines() if line.startswith("data: ")]
+    assert len(events) > 1
+    assert "".join(e["text_output"] for e in events) == whole.json()["text_output"]
+    assert events[-1]["num_output_tokens"] == whole.json()["num_output_tokens"] > 0
+
+
+def test_seed_reproduces_sampling(triton):
+    def sample(seed):
+        responses, error = stream_request(triton.urls.grpc, "ensemble",
+                                          text_inputs("def main():", 32, temperature=1.0, top_p=0.95, seed=seed))
+        assert error is None, error
+        return texts(responses)[0]
+
+    assert sample(11) == sample(11)
+    assert len({sample(s) for s in (1, 2, 3)}) > 1
+
+
+def test_stop_words_end_generation(triton, hf):
+    tokenizer, _ = hf
+    free, _ = stream_request(triton.urls.grpc, "ensemble", text_inputs("x = 1\n", 48, exclude_input_in_output=True))
+    text = texts(free)[0].decode()
+    # A readable stretch of the free-running output (the tiny test model is untrained), mid-text.
+    match = re.search(r"[A-Za-z]{3,}", text[3:])
+    assert match, text
+    stop = match.group(0)[1:]  # starts inside a token: matching is on text, not token boundaries
+    stopped, error = stream_request(triton.urls.grpc, "ensemble",
+                                    text_inputs("x = 1\n", 48, stop_words=[stop]))
+    assert error is None, error
+    out = texts(stopped)[0].decode()
+    assert stop in out and len(out) < len(text) + 1, (text, stop, out)
+    assert stopped[0]["finish_reason"].reshape(-1)[0] == b"stop", (text, stop, out)

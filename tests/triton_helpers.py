@@ -1,0 +1,59 @@
+"""Raw tritonclient calls used by the integration tests (below the client SDK on purpose)."""
+
+from __future__ import annotations
+
+import queue
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
+
+_DTYPES = {np.dtype(object): "BYTES"}
+
+
+def make_input(name: str, value, dtype=None) -> grpcclient.InferInput:
+    array = np.asarray(value, dtype=dtype)
+    triton_dtype = _DTYPES.get(array.dtype) or np_to_triton_dtype(array.dtype)
+    tensor = grpcclient.InferInput(name, list(array.shape), triton_dtype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def text_inputs(prompt: str, max_tokens: int, **optional) -> list[grpcclient.InferInput]:
+    """Ensemble inputs with batch dim 1; ``optional`` values are scalars, lists (words) or bools."""
+    inputs = [make_input("text_input", [[prompt.encode()]], object), make_input("max_tokens", [[max_tokens]], np.int32)]
+    types = {"stream": bool, "exclude_input_in_output": bool, "temperature": np.float32, "top_p": np.float32,
+             "top_k": np.int32, "seed": np.uint64, "end_id": np.int32, "pad_id": np.int32, "min_tokens": np.int32}
+    for name, value in optional.items():
+        if name in ("stop_words", "bad_words"):
+            inputs.append(make_input(name, [[w.encode() for w in value]], object))
+        else:
+            inputs.append(make_input(name, [[value]], types[name]))
+    return inputs
+
+
+def stream_request(grpc_url: str, model: str, inputs, timeout: float = 120.0):
+    """Send one request over the gRPC stream API; return (list of response dicts, error or None)."""
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        responses = []
+        while True:
+            result, error = results.get(timeout=timeout)
+            if error is not None:
+                return responses, error
+            response = result.get_response()
+            outputs = {o.name: result.as_numpy(o.name) for o in response.outputs}
+            if outputs:
+                responses.append(outputs)
+            if response.parameters["triton_final_response"].bool_param:
+                return responses, None
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def texts(responses) -> list[bytes]:
+    return [r["text_output"].reshape(-1)[0] for r in responses]
