@@ -1,0 +1,55 @@
+# Two commands a newcomer needs: `make serve` and `make test`. Everything else is what they are made of.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+export HTTP_PORT GRPC_PORT METRICS_PORT
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+MODEL_DIR := build/models/default
+ENGINE_DIR := build/engines/default-fp32
+REPOSITORY := build/model_repository
+PROFILE := builders/profiles/cpu.yaml
+
+.PHONY: help venv model engine repository serve test clean
+
+help:
+	@echo "make serve   build (cached) and run tritonserver: HTTP $(HTTP_PORT), gRPC $(GRPC_PORT), metrics $(METRICS_PORT)"
+	@echo "make test    the whole test suite (starts its own tritonserver on free ports)"
+
+# The environment: pinned dependencies, project installed in place (compat mode puts the project root on sys.path).
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]" --config-settings editable_mode=compat
+	touch $@
+
+venv: $(VENV)/.installed
+
+# The default model trains for a few minutes once; builders skips the work when a matching build exists.
+$(MODEL_DIR)/model.safetensors: $(VENV)/.installed builders/default_model.py
+	$(PY) -m builders model --out $(MODEL_DIR)
+
+model: $(MODEL_DIR)/model.safetensors
+
+$(ENGINE_DIR)/config.json: $(MODEL_DIR)/model.safetensors builders/cpu_build.py
+	$(PY) -m builders engine --target cpu --checkpoint $(MODEL_DIR) --output $(ENGINE_DIR)
+
+engine: $(ENGINE_DIR)/config.json
+
+# Rendered every time (it takes well under a second) so it always matches the profile.
+repository: $(ENGINE_DIR)/config.json
+	$(PY) -m builders repository --profile $(PROFILE) --out $(REPOSITORY)
+
+serve: repository
+	exec $(PY) -m serving serve --model-repository $(REPOSITORY)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+clean:
+	rm -rf build
