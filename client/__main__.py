@@ -1,0 +1,120 @@
+"""``python -m client generate PROMPT [...]`` and ``python -m client health``.
+
+Failures (server errors, unreachable server, bad arguments) end with one line on stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from client.core import Completion, GenerationError, SamplingParams
+from client.sync import LLMClient
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default="localhost:8001", help="Triton gRPC endpoint (default: %(default)s)")
+    common.add_argument("--model", default="ensemble", help="model name (default: %(default)s)")
+
+    parser = argparse.ArgumentParser(prog="python -m client", description="Talk to the Triton LLM ensemble.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", parents=[common], help="generate text for a prompt")
+    generate.add_argument("prompt")
+    generate.add_argument("--max-tokens", type=int, default=64, help="default: %(default)s")
+    generate.add_argument("--stream", action="store_true",
+                          help="print text as it arrives; TTFT and tokens/s go to stderr")
+    generate.add_argument("--temperature", type=float)
+    generate.add_argument("--top-k", type=int)
+    generate.add_argument("--top-p", type=float)
+    generate.add_argument("--seed", type=int)
+    generate.add_argument("--stop", action="append", default=[], metavar="S",
+                          help="stop string (repeatable)")
+    generate.add_argument("--no-exclude-input", dest="exclude_input", action="store_false",
+                          help="echo the prompt in the output")
+    generate.add_argument("--json", action="store_true",
+                          help="print one JSON object (with --stream: timings from the streamed request)")
+
+    commands.add_parser("health", parents=[common], help="server liveness/readiness and model readiness")
+    return parser
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, seed=args.seed, stop=list(args.stop),
+                          exclude_input_in_output=args.exclude_input)
+
+
+def summary(completion: Completion) -> str:
+    """One line: TTFT and decode rate only when the text was streamed in several chunks."""
+    t = completion.timings
+    parts = []
+    if t.tpot_s is not None:
+        parts.append(f"TTFT {t.ttft_s * 1e3:.1f} ms")
+    parts.append(f"{t.output_tokens} tokens in {t.total_s:.3f} s")
+    if t.decode_tokens_per_s is not None:
+        parts.append(f"decode {t.decode_tokens_per_s:.1f} tok/s")
+    if t.tokens_per_s is not None:
+        parts.append(f"overall {t.tokens_per_s:.1f} tok/s")
+    parts.append(f"finish: {completion.finish_reason}")
+    return " | ".join(parts)
+
+
+def completion_json(completion: Completion) -> dict:
+    t = completion.timings
+    return {
+        "text": completion.text,
+        "finish_reason": completion.finish_reason,
+        "num_input_tokens": completion.num_input_tokens,
+        "num_output_tokens": completion.num_output_tokens,
+        "request_id": completion.request_id,
+        "timings": {"ttft_s": t.ttft_s, "tpot_s": t.tpot_s, "total_s": t.total_s,
+                    "decode_tokens_per_s": t.decode_tokens_per_s, "tokens_per_s": t.tokens_per_s},
+    }
+
+
+def _generate(llm: LLMClient, args: argparse.Namespace) -> int:
+    params = sampling_params(args)
+    if args.stream:
+        with llm.stream(args.prompt, params) as stream:
+            for delta in stream:
+                if not args.json:
+                    sys.stdout.write(delta)
+                    sys.stdout.flush()
+            completion = stream.completion
+        assert completion is not None  # the stream was exhausted, so the final response arrived
+    else:
+        completion = llm.generate(args.prompt, params)
+    if args.json:
+        print(json.dumps(completion_json(completion), ensure_ascii=False))
+    else:
+        print("" if args.stream else completion.text)  # streamed text is already out: end its line
+        print(summary(completion), file=sys.stderr)
+    return 0
+
+
+def _health(llm: LLMClient) -> int:
+    health = llm.health()
+    for label, ok in (("server live", health.live), ("server ready", health.ready),
+                      (f"model {llm.model} ready", health.model_ready)):
+        print(f"{label}: {'yes' if ok else 'no'}")
+    return 0 if health.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with LLMClient(args.url, args.model) as llm:
+            return _generate(llm, args) if args.command == "generate" else _health(llm)
+    except (GenerationError, ValueError) as exc:
+        print("error: " + " ".join(str(exc).split()), file=sys.stderr)  # one line, whatever the server sent
+        return 1
+    except KeyboardInterrupt:  # leaving the stream's with-block already cancelled the request
+        print(file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

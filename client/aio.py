@@ -1,0 +1,132 @@
+"""asyncio client over ``tritonclient.grpc.aio``.
+
+Each request opens its own gRPC stream (the ensemble is decoupled, so unary ModelInfer is refused), so
+one ``AsyncLLMClient`` can run many requests concurrently on its event loop. Create and use it inside
+one running event loop.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from types import TracebackType
+
+import grpc
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcclient_aio
+from tritonclient.utils import InferenceServerException
+
+from client.core import (Completion, GenerationError, Health, ResponseCollector, SamplingParams, build_inputs,
+                         is_final, to_error)
+
+
+class AsyncTextStream(AsyncIterator[str]):
+    """Text deltas of one streamed request. ``completion`` is set once the final response has arrived.
+
+    The request is sent when iteration starts. Closing the stream early (``aclose()``, leaving an
+    ``async with`` block) cancels the gRPC call so the server frees the request's slot.
+    """
+
+    def __init__(self, deltas: AsyncGenerator[str, None], collector: ResponseCollector):
+        self._deltas = deltas
+        self._collector = collector
+
+    @property
+    def completion(self) -> Completion | None:
+        return self._collector.completion
+
+    @property
+    def request_id(self) -> str:
+        return self._collector.request_id
+
+    async def __anext__(self) -> str:
+        return await self._deltas.__anext__()
+
+    async def aclose(self) -> None:
+        await self._deltas.aclose()
+
+    async def __aenter__(self) -> AsyncTextStream:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+class AsyncLLMClient:
+    """Text generation against a Triton ensemble over gRPC (asyncio). Concurrent requests are fine.
+
+    Create it inside the event loop that uses it: gRPC's asyncio channel binds to the loop it starts on.
+    """
+
+    def __init__(self, url: str = "localhost:8001", model: str = "ensemble", timeout: float | None = None):
+        """``timeout``: deadline in seconds for each request's stream (``None``: no deadline)."""
+        self.url = url
+        self.model = model
+        self._timeout = timeout
+        self._grpc = grpcclient_aio.InferenceServerClient(url)
+
+    async def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
+        """Generate the whole completion in one response (``stream=false``)."""
+        collector = ResponseCollector(uuid.uuid4().hex)
+        async for _ in self._run(build_inputs(prompt, params or SamplingParams(), stream=False), collector):
+            pass
+        assert collector.completion is not None  # _run only ends normally after the final response
+        return collector.completion
+
+    def stream(self, prompt: str, params: SamplingParams | None = None) -> AsyncTextStream:
+        """Stream text deltas: ``async for delta in client.stream(...)``; see ``AsyncTextStream``."""
+        collector = ResponseCollector(uuid.uuid4().hex)
+        inputs = build_inputs(prompt, params or SamplingParams(), stream=True)  # bad params fail here, not later
+        return AsyncTextStream(self._run(inputs, collector), collector)
+
+    async def health(self) -> Health:
+        try:
+            return Health(live=await self._grpc.is_server_live(), ready=await self._grpc.is_server_ready(),
+                          model_ready=await self._grpc.is_model_ready(self.model))
+        except InferenceServerException as exc:
+            raise to_error(exc, self.url) from None
+
+    async def close(self) -> None:
+        await self._grpc.close()
+
+    async def __aenter__(self) -> AsyncLLMClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def _run(self, inputs: list[grpcclient.InferInput],
+                   collector: ResponseCollector) -> AsyncGenerator[str, None]:
+        request = {
+            "model_name": self.model,
+            "inputs": inputs,
+            "request_id": collector.request_id,
+            # What the sync client's enable_empty_final_response=True sets: the final flag always arrives.
+            "parameters": {"triton_enable_empty_final_response": True},
+        }
+
+        async def one_request():
+            yield request
+
+        collector.mark_sent()
+        responses = self._grpc.stream_infer(one_request(), stream_timeout=self._timeout)
+        finished = False
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise to_error(error, self.url)
+                finished = is_final(result)  # set before yielding: the caller may stop right after
+                delta = collector.add(result)
+                if delta:
+                    yield delta
+                if finished:
+                    return
+        except grpc.RpcError as exc:  # transport failures are raised, not returned as (None, error)
+            raise to_error(exc, self.url) from None
+        finally:
+            # Anything short of a final response (error, caller stopped early) cancels the call.
+            if not finished:
+                responses.cancel()
+        raise GenerationError("the server closed the stream before sending a final response")

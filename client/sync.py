@@ -1,0 +1,135 @@
+"""Blocking client over ``tritonclient.grpc``.
+
+The ensemble is decoupled, so Triton refuses unary ModelInfer for it: every request, streamed or not,
+goes over the bidirectional stream API. tritonclient allows one open stream per client, so an
+``LLMClient`` runs one request at a time; use one client per thread for concurrency (or ``AsyncLLMClient``).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import uuid
+from collections.abc import Iterator
+from types import TracebackType
+
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from client.core import (Completion, Health, ResponseCollector, SamplingParams, build_inputs,
+                         is_final, to_error)
+
+# How long to wait for a dead stream's callback to report why it died.
+_CALLBACK_GRACE_S = 5.0
+
+
+class TextStream(Iterator[str]):
+    """Text deltas of one streamed request. ``completion`` is set once the final response has arrived.
+
+    The request is sent when iteration starts. Closing the stream early (``close()``, ``break`` out of a
+    ``with`` block, garbage collection) cancels the request so the server frees its slot.
+    """
+
+    def __init__(self, deltas: Iterator[str], collector: ResponseCollector):
+        self._deltas = deltas
+        self._collector = collector
+
+    @property
+    def completion(self) -> Completion | None:
+        return self._collector.completion
+
+    @property
+    def request_id(self) -> str:
+        return self._collector.request_id
+
+    def __next__(self) -> str:
+        return next(self._deltas)
+
+    def close(self) -> None:
+        self._deltas.close()
+
+    def __enter__(self) -> TextStream:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class LLMClient:
+    """Text generation against a Triton ensemble over gRPC. One request at a time per client."""
+
+    def __init__(self, url: str = "localhost:8001", model: str = "ensemble", timeout: float | None = None):
+        """``timeout``: deadline in seconds for each request's stream (``None``: no deadline)."""
+        self.url = url
+        self.model = model
+        self._timeout = timeout
+        self._grpc = grpcclient.InferenceServerClient(url)
+        self._busy = threading.Lock()
+
+    def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
+        """Generate the whole completion in one response (``stream=false``)."""
+        collector = ResponseCollector(uuid.uuid4().hex)
+        for _ in self._run(build_inputs(prompt, params or SamplingParams(), stream=False), collector):
+            pass
+        assert collector.completion is not None  # _run only ends normally after the final response
+        return collector.completion
+
+    def stream(self, prompt: str, params: SamplingParams | None = None) -> TextStream:
+        """Stream text deltas as the server produces them; see ``TextStream``."""
+        collector = ResponseCollector(uuid.uuid4().hex)
+        inputs = build_inputs(prompt, params or SamplingParams(), stream=True)  # bad params fail here, not later
+        return TextStream(self._run(inputs, collector), collector)
+
+    def health(self) -> Health:
+        try:
+            return Health(live=self._grpc.is_server_live(), ready=self._grpc.is_server_ready(),
+                          model_ready=self._grpc.is_model_ready(self.model))
+        except InferenceServerException as exc:
+            raise to_error(exc, self.url) from None
+
+    def close(self) -> None:
+        self._grpc.close()
+
+    def __enter__(self) -> LLMClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _run(self, inputs: list[grpcclient.InferInput], collector: ResponseCollector) -> Iterator[str]:
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("LLMClient runs one request at a time; finish or close the current stream first")
+        responses: queue.SimpleQueue = queue.SimpleQueue()
+        finished = False
+        try:
+            try:
+                self._grpc.start_stream(callback=lambda result, error: responses.put((result, error)),
+                                        stream_timeout=self._timeout)
+            except InferenceServerException as exc:
+                raise to_error(exc, self.url) from None
+            collector.mark_sent()
+            try:
+                self._grpc.async_stream_infer(self.model, inputs, request_id=collector.request_id,
+                                              enable_empty_final_response=True)
+            except InferenceServerException as exc:
+                # The stream died before the request was queued (e.g. connection refused): the reason
+                # arrives through the callback; tritonclient's own message only says "see the callback".
+                try:
+                    exc = responses.get(timeout=_CALLBACK_GRACE_S)[1] or exc
+                except queue.Empty:
+                    pass
+                raise to_error(exc, self.url) from None
+            while not finished:
+                result, error = responses.get()
+                if error is not None:
+                    raise to_error(error, self.url)
+                finished = is_final(result)  # set before yielding: the caller may stop right after
+                delta = collector.add(result)
+                if delta:
+                    yield delta
+        finally:
+            # Anything short of a final response (error, caller stopped early) cancels the request.
+            self._grpc.stop_stream(cancel_requests=not finished)
+            self._busy.release()

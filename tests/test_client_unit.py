@@ -1,0 +1,352 @@
+"""Client SDK unit tests: no server. Request tensors, response parsing, timings, cancellation, CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, serialize_byte_tensor
+
+from client import (AsyncLLMClient, Completion, GenerationError, LLMClient, SamplingParams, ServerUnavailableError,
+                    Timings)
+from client.__main__ import build_parser, completion_json, main, sampling_params, summary
+from client.core import ResponseCollector, build_inputs, is_final, to_error
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def tensors(inputs) -> dict[str, tuple[str, list[int], np.ndarray]]:
+    """name → (datatype, shape, decoded values) of built InferInputs."""
+    out = {}
+    for tensor in inputs:
+        datatype, shape, raw = tensor.datatype(), tensor.shape(), tensor._get_content()
+        if datatype == "BYTES":
+            values = deserialize_bytes_tensor(raw)
+        else:
+            values = np.frombuffer(raw, dtype={"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64,
+                                               "BOOL": np.bool_}[datatype])
+        out[tensor.name()] = (datatype, shape, values.reshape(shape))
+    return out
+
+
+def response(text: bytes | None = b"", final: bool = False, reason: bytes = b"", n_in: int = 3,
+             n_out: int = 1) -> grpcclient.InferResult:
+    """An ensemble response as Triton sends it over the stream (``text=None``: an empty final response)."""
+    message = service_pb2.ModelInferResponse(model_name="ensemble")
+    if text is not None:
+        for name, value in (("text_output", text), ("finish_reason", reason)):
+            message.outputs.add(name=name, datatype="BYTES", shape=[1, 1])
+            message.raw_output_contents.append(serialize_byte_tensor(np.array([[value]], dtype=object)).item())
+        for name, value in (("num_input_tokens", n_in), ("num_output_tokens", n_out)):
+            message.outputs.add(name=name, datatype="INT32", shape=[1, 1])
+            message.raw_output_contents.append(np.array([[value]], dtype=np.int32).tobytes())
+    message.parameters["triton_final_response"].bool_param = final
+    return grpcclient.InferResult(message)
+
+
+# ------------------------------------------------------------------------------------------- request tensors
+
+
+def test_defaults_send_only_required_inputs_stream_and_echo_flag():
+    sent = tensors(build_inputs("héllo", SamplingParams(max_tokens=32), stream=False))
+    assert list(sent) == ["text_input", "max_tokens", "stream", "exclude_input_in_output"]
+    assert sent["text_input"][:2] == ("BYTES", [1, 1])
+    assert sent["text_input"][2][0, 0] == "héllo".encode()
+    assert sent["max_tokens"][:2] == ("INT32", [1, 1]) and sent["max_tokens"][2][0, 0] == 32
+    assert sent["stream"][:2] == ("BOOL", [1, 1]) and not sent["stream"][2][0, 0]
+    assert sent["exclude_input_in_output"][2][0, 0]
+
+
+def test_every_optional_input_has_the_contract_name_dtype_and_shape():
+    params = SamplingParams(max_tokens=8, temperature=0.7, top_k=40, top_p=0.9, seed=2**63 + 5, stop=["\n\n", "def"],
+                            bad_words=["import"], min_tokens=2, end_id=2, pad_id=0, exclude_input_in_output=False)
+    sent = tensors(build_inputs("x", params, stream=True))
+    expected = {"text_input": ("BYTES", [1, 1]), "max_tokens": ("INT32", [1, 1]), "stream": ("BOOL", [1, 1]),
+                "exclude_input_in_output": ("BOOL", [1, 1]), "temperature": ("FP32", [1, 1]),
+                "top_k": ("INT32", [1, 1]), "top_p": ("FP32", [1, 1]), "seed": ("UINT64", [1, 1]),
+                "min_tokens": ("INT32", [1, 1]), "end_id": ("INT32", [1, 1]), "pad_id": ("INT32", [1, 1]),
+                "stop_words": ("BYTES", [1, 2]), "bad_words": ("BYTES", [1, 1])}
+    assert {name: value[:2] for name, value in sent.items()} == expected
+    assert sent["stream"][2][0, 0] and not sent["exclude_input_in_output"][2][0, 0]
+    assert sent["temperature"][2][0, 0] == np.float32(0.7) and sent["top_p"][2][0, 0] == np.float32(0.9)
+    assert sent["seed"][2][0, 0] == 2**63 + 5  # the full uint64 range survives
+    assert sent["stop_words"][2].tolist() == [[b"\n\n", b"def"]]
+    assert sent["bad_words"][2].tolist() == [[b"import"]]
+    assert (sent["top_k"][2][0, 0], sent["min_tokens"][2][0, 0], sent["end_id"][2][0, 0]) == (40, 2, 2)
+
+
+def test_zero_values_are_sent_but_empty_word_lists_are_not():
+    sent = tensors(build_inputs("x", SamplingParams(temperature=0.0, top_k=0, seed=0, stop=[]), stream=False))
+    assert {"temperature", "top_k", "seed"} <= set(sent)
+    assert "stop_words" not in sent and "bad_words" not in sent
+
+
+@pytest.mark.parametrize("params, name", [(SamplingParams(seed=-1), "seed"),
+                                          (SamplingParams(max_tokens=2**31), "max_tokens"),
+                                          (SamplingParams(top_k=-(2**31) - 1), "top_k")])
+def test_integers_that_do_not_fit_their_dtype_are_refused_instead_of_wrapping(params, name):
+    with pytest.raises(ValueError, match=name):
+        build_inputs("x", params, stream=False)
+
+
+# ------------------------------------------------------------------------------------------------ timings
+
+
+def test_streamed_timings():
+    t = Timings.measure(start=10.0, text_times=[10.1, 10.2, 10.5], end=10.5, output_tokens=5)
+    assert t.ttft_s == pytest.approx(0.1)
+    assert t.tpot_s == pytest.approx(0.4 / 4)  # first → last chunk, per token after the first
+    assert t.total_s == pytest.approx(0.5)
+    assert t.decode_tokens_per_s == pytest.approx(5 / 0.4)
+    assert t.tokens_per_s == pytest.approx(5 / 0.5)
+
+
+def test_single_chunk_timings_have_no_per_token_figures():
+    t = Timings.measure(start=1.0, text_times=[1.3], end=1.3, output_tokens=12)
+    assert t.ttft_s == pytest.approx(0.3) and t.total_s == pytest.approx(0.3)
+    assert t.tpot_s is None and t.decode_tokens_per_s is None
+    assert t.tokens_per_s == pytest.approx(40.0)
+
+
+def test_timings_without_any_text_use_the_final_response():
+    t = Timings.measure(start=0.0, text_times=[], end=0.25, output_tokens=0)
+    assert (t.ttft_s, t.tpot_s, t.total_s) == (0.25, None, 0.25)
+    assert t.tokens_per_s == 0.0
+
+
+# --------------------------------------------------------------------------------------- response parsing
+
+
+def test_final_flag_is_read_from_response_parameters():
+    assert is_final(response(b"x", final=True))
+    assert not is_final(response(b"x", final=False))
+    assert is_final(response(None, final=True))
+
+
+def test_collector_joins_deltas_keeps_split_characters_and_reads_the_final_response():
+    collector = ResponseCollector("r1")
+    collector.mark_sent()
+    euro = "€".encode()
+    deltas = [collector.add(response(b"a " + euro[:1], n_out=1)),
+              collector.add(response(euro[1:] + b"b", n_out=2)),
+              collector.add(response(b"", final=True, reason=b"length", n_out=3))]
+    assert deltas == ["a ", "€b", ""]
+    completion = collector.completion
+    assert completion.text == "a €b" and completion.finish_reason == "length"
+    assert (completion.num_input_tokens, completion.num_output_tokens) == (3, 3)
+    assert completion.request_id == "r1" and completion.timings.output_tokens == 3
+    assert completion.timings.tpot_s is not None
+
+
+def test_collector_accepts_an_empty_final_response():
+    collector = ResponseCollector("r2")
+    collector.mark_sent()
+    collector.add(response(b"done", reason=b"stop", n_out=4))
+    assert collector.completion is None
+    collector.add(response(None, final=True))
+    assert collector.completion.text == "done" and collector.completion.finish_reason == "stop"
+    assert collector.completion.num_output_tokens == 4
+
+
+def test_server_errors_keep_their_message_and_transport_errors_say_unreachable():
+    message = "max_tokens must be between 1 and 256, got 0"
+    error = to_error(InferenceServerException(msg=message), "h:1")
+    assert type(error) is GenerationError and str(error) == message
+    down = to_error(InferenceServerException(msg="connection refused", status="StatusCode.UNAVAILABLE"), "h:1")
+    assert isinstance(down, ServerUnavailableError) and isinstance(down, GenerationError)
+    assert str(down) == "cannot reach Triton at h:1: connection refused"
+
+
+# ------------------------------------------------------------- request lifecycle (fake tritonclient stream)
+
+
+class FakeStreamClient:
+    """Stands in for tritonclient.grpc.InferenceServerClient: replays ``script`` through the stream callback."""
+
+    def __init__(self, script):
+        self.script, self.sent, self.stopped = script, [], []
+
+    def start_stream(self, callback, stream_timeout=None):
+        self.callback = callback
+
+    def async_stream_infer(self, model_name, inputs, request_id="", enable_empty_final_response=False):
+        assert enable_empty_final_response
+        self.sent.append((model_name, request_id, [i.name() for i in inputs]))
+        for result, error in self.script:
+            self.callback(result=result, error=error)
+
+    def stop_stream(self, cancel_requests=False):
+        self.stopped.append(cancel_requests)
+
+    def close(self):
+        pass
+
+
+STREAM_SCRIPT = [(response(b"Hel", n_out=1), None), (response(b"lo", n_out=2), None),
+                 (response(b"!", final=True, reason=b"length", n_out=3), None)]
+
+
+def fake_client(script) -> tuple[LLMClient, FakeStreamClient]:
+    llm = LLMClient("fake:1")
+    llm._grpc = fake = FakeStreamClient(script)
+    return llm, fake
+
+
+def test_stream_yields_deltas_then_has_the_completion_and_closes_the_stream_gracefully():
+    llm, fake = fake_client(STREAM_SCRIPT)
+    stream = llm.stream("p", SamplingParams(max_tokens=3))
+    assert list(stream) == ["Hel", "lo", "!"]
+    assert stream.completion.text == "Hello!" and stream.completion.finish_reason == "length"
+    assert fake.sent == [("ensemble", stream.request_id, ["text_input", "max_tokens", "stream",
+                                                          "exclude_input_in_output"])]
+    assert fake.stopped == [False]
+
+
+def test_generate_returns_the_completion_with_a_fresh_request_id_each_time():
+    llm, fake = fake_client(STREAM_SCRIPT)
+    first, second = llm.generate("p"), llm.generate("p")
+    assert isinstance(first, Completion) and first.text == "Hello!"
+    assert first.request_id != second.request_id
+    assert fake.stopped == [False, False]
+
+
+def test_stopping_iteration_early_cancels_the_request_and_frees_the_client():
+    llm, fake = fake_client(STREAM_SCRIPT)
+    with llm.stream("p") as stream:
+        assert next(stream) == "Hel"
+    assert fake.stopped == [True] and stream.completion is None
+    assert llm.generate("p").text == "Hello!"  # the one-request-at-a-time lock was released
+
+
+def test_error_over_the_stream_raises_generation_error_and_cancels():
+    message = "max_tokens must be between 1 and 256, got 0"
+    llm, fake = fake_client([(None, InferenceServerException(msg=message))])
+    with pytest.raises(GenerationError, match=message):
+        llm.generate("p", SamplingParams(max_tokens=0))
+    assert fake.stopped == [True]
+
+
+def test_bad_params_fail_when_the_stream_is_created_not_when_it_is_iterated():
+    llm, fake = fake_client(STREAM_SCRIPT)
+    with pytest.raises(ValueError, match="seed"):
+        llm.stream("p", SamplingParams(seed=-1))
+    assert fake.sent == []
+
+
+def test_a_second_concurrent_request_on_one_sync_client_is_refused():
+    llm, _ = fake_client(STREAM_SCRIPT)
+    with llm.stream("p") as stream:
+        next(stream)
+        with pytest.raises(RuntimeError, match="one request at a time"):
+            llm.generate("p")
+
+
+class FakeAioCall:
+    """Stands in for the asyncio client's stream_infer response iterator."""
+
+    def __init__(self, requests, script):
+        self.requests, self.script, self.cancelled = requests, list(script), False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self.script:
+            raise StopAsyncIteration
+        return self.script.pop(0)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def fake_aio_client(script) -> tuple[AsyncLLMClient, list[FakeAioCall]]:
+    llm = AsyncLLMClient.__new__(AsyncLLMClient)  # no channel: nothing here touches the network
+    llm.url, llm.model, llm._timeout, calls = "fake:1", "ensemble", None, []
+
+    class Grpc:
+        def stream_infer(self, requests, stream_timeout=None):
+            calls.append(FakeAioCall(requests, script))
+            return calls[-1]
+
+    llm._grpc = Grpc()
+    return llm, calls
+
+
+def test_async_stream_and_generate():
+    async def run():
+        llm, calls = fake_aio_client(STREAM_SCRIPT)
+        stream = llm.stream("p")
+        deltas = [delta async for delta in stream]
+        request = [r async for r in calls[0].requests]
+        return deltas, stream.completion, await llm.generate("p"), calls, request
+
+    deltas, completion, generated, calls, request = asyncio.run(run())
+    assert deltas == ["Hel", "lo", "!"] and completion.text == generated.text == "Hello!"
+    assert [call.cancelled for call in calls] == [False, False]
+    assert request[0]["parameters"] == {"triton_enable_empty_final_response": True}
+    assert request[0]["request_id"] == completion.request_id
+
+
+def test_async_early_close_cancels_and_errors_raise():
+    async def run():
+        llm, calls = fake_aio_client(STREAM_SCRIPT)
+        async with llm.stream("p") as stream:
+            await stream.__anext__()
+        failing, _ = fake_aio_client([(None, InferenceServerException(msg="bad prompt"))])
+        with pytest.raises(GenerationError, match="bad prompt"):
+            await failing.generate("p")
+        cut, _ = fake_aio_client(STREAM_SCRIPT[:1])
+        with pytest.raises(GenerationError, match="before sending a final response"):
+            await cut.generate("p")
+        return calls
+
+    assert asyncio.run(run())[0].cancelled
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_generate_arguments():
+    args = build_parser().parse_args(["generate", "def f(x):", "--max-tokens", "16", "--stream", "--temperature",
+                                      "0.8", "--top-k", "5", "--top-p", "0.9", "--seed", "7", "--stop", "\n",
+                                      "--stop", "def", "--no-exclude-input", "--json", "--url", "h:9"])
+    assert (args.command, args.prompt, args.url, args.model, args.stream, args.json) == (
+        "generate", "def f(x):", "h:9", "ensemble", True, True)
+    assert sampling_params(args) == SamplingParams(max_tokens=16, temperature=0.8, top_k=5, top_p=0.9, seed=7,
+                                                   stop=["\n", "def"], exclude_input_in_output=False)
+
+
+def test_cli_defaults_leave_sampling_to_the_server():
+    args = build_parser().parse_args(["generate", "x"])
+    assert (args.url, args.model, args.stream, args.json) == ("localhost:8001", "ensemble", False, False)
+    assert sampling_params(args) == SamplingParams(max_tokens=64)
+    assert build_parser().parse_args(["health", "--url", "h:1"]).url == "h:1"
+
+
+def test_cli_summary_and_json():
+    timings = Timings.measure(start=0.0, text_times=[0.02, 0.1], end=0.1, output_tokens=9)
+    completion = Completion(text="héllo", finish_reason="stop", num_input_tokens=4, num_output_tokens=9,
+                            timings=timings, request_id="r")
+    line = summary(completion)
+    assert "TTFT 20.0 ms" in line and "decode 112.5 tok/s" in line and "overall 90.0 tok/s" in line
+    assert line.endswith("finish: stop") and "\n" not in line
+    data = json.loads(json.dumps(completion_json(completion)))
+    assert data["text"] == "héllo" and data["num_output_tokens"] == 9
+    assert data["timings"]["ttft_s"] == pytest.approx(0.02)
+
+
+def test_cli_unreachable_server_is_one_clean_line_and_exit_1(capsys):
+    with socket.socket() as sock:  # bound, not listening: connections are refused
+        sock.bind(("127.0.0.1", 0))
+        url = f"127.0.0.1:{sock.getsockname()[1]}"
+        for argv in (["generate", "x", "--url", url], ["generate", "x", "--stream", "--url", url],
+                     ["health", "--url", url]):
+            assert main(argv) == 1
+            err = capsys.readouterr().err
+            assert err.startswith(f"error: cannot reach Triton at {url}: ") and err.count("\n") == 1
