@@ -53,3 +53,19 @@ test: $(VENV)/.installed
 
 clean:
 	rm -rf build
+
+# ---- GPU path (plans run anywhere; builds need a GPU and the pinned TensorRT-LLM image) ----
+.PHONY: gpu-plan lint-docker image-cpu image-gpu
+gpu-plan: $(VENV)/.installed
+	$(PY) -m builders engine --target trtllm --checkpoint $(MODEL_DIR) --output build/gpu/default-$(or $(VARIANT),fp16) \
+	  --variant $(or $(VARIANT),fp16) --gpu $(or $(GPU),H100) --max-batch-size 16 --max-input-len 768 \
+	  --max-seq-len 1024 --max-num-tokens 2048 --dry-run
+
+lint-docker: $(VENV)/.installed
+	$(VENV)/bin/hadolint --config .hadolint.yaml Dockerfile Dockerfile.cpu
+
+image-cpu:
+	docker build -f Dockerfile.cpu -t triton-llm-stack:cpu .
+
+image-gpu:
+	docker build -t triton-llm-stack:gpu .

@@ -21,8 +21,6 @@ def _model(args) -> None:
 def _engine(args) -> None:
     from .cpu_build import BuildLimits, build_cpu_engine
 
-    if args.target != "cpu":
-        sys.exit("only --target cpu is built here; TensorRT-LLM engines are built on a GPU machine (see README)")
     limits = BuildLimits(max_batch_size=args.max_batch_size, max_input_len=args.max_input_len,
                          max_seq_len=args.max_seq_len, max_num_tokens=args.max_num_tokens)
     out = build_cpu_engine(args.checkpoint, args.output, dtype=args.dtype, limits=limits)
@@ -38,7 +36,17 @@ def _repository(args) -> None:
     print(f"model repository for profile {profile.name!r} rendered to {out}")
 
 
+def _wants_trtllm(argv: list[str]) -> bool:
+    return argv[:1] == ["engine"] and ("--target=trtllm" in argv or any(
+        a == "--target" and b == "trtllm" for a, b in zip(argv, argv[1:])))
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if _wants_trtllm(argv):  # the GPU builder has its own flags (variants, GPU gate, --dry-run)
+        from .trtllm.build import engine_main
+
+        sys.exit(engine_main(argv[1:]))
     parser = argparse.ArgumentParser(prog="python -m builders", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -51,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=_model)
 
     p = sub.add_parser("engine", help="build an engine from a Hugging Face checkpoint")
-    p.add_argument("--target", choices=["cpu", "trtllm"], default="cpu")
+    p.add_argument("--target", choices=["cpu", "trtllm"], default="cpu",
+                   help="trtllm: see `python -m builders engine --target trtllm --help`")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--output", required=True)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

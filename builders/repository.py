@@ -20,8 +20,10 @@ def engine_limits(profile: ServingProfile) -> dict:
 
 def model_configs(profile: ServingProfile):
     """(model name, source folder in model_repository/ or None, ModelConfig) for every model."""
-    if profile.target != "cpu":
-        raise NotImplementedError("the TensorRT-LLM layout is rendered by the trtllm builder")
+    if profile.target == "trtllm":
+        from .trtllm.layout import model_configs_trtllm
+
+        return model_configs_trtllm(profile)
     limits = engine_limits(profile)
     return [
         ("preprocessing", "preprocessing", tc.preprocessing_config(profile, limits)),

@@ -440,6 +440,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-verbose", type=int, default=0)
     serve.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
     args = parser.parse_args(argv)
+    from builders.trtllm.manifest import EngineMismatch, check_repository
+
+    try:
+        check_repository(args.model_repository)  # CPU repositories pass without looking for a GPU
+    except EngineMismatch as exc:
+        print(f"serving: {exc}", file=sys.stderr, flush=True)
+        return 1
 
     try:
         config = ServerConfig.from_env(args.model_repository, http_port=args.http_port,

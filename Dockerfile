@@ -1,0 +1,69 @@
+# GPU image: NVIDIA Triton with the TensorRT-LLM backend, this project, and the TensorRT-LLM example scripts.
+# It builds engines (python -m builders engine --target trtllm) and serves them; engines only run on the
+# TensorRT-LLM / TensorRT version and GPU architecture that built them, so build and serve with this image.
+#
+#   docker build -t triton-llm-stack:gpu .
+#   docker run --rm --gpus all --shm-size=2g --stop-timeout 60 -p 8000-8002:8000-8002 \
+#       -v "$PWD/build/gpu/llama-fp8:/engines/llama:ro" triton-llm-stack:gpu
+#
+# Engines are mounted at /engines/llama by default (the build output directory: engine/, tokenizer/,
+# model_repository/). To bake one into the image instead: --build-arg BAKE_ENGINE=<path in the build context>.
+# Not built or run in this repository's CI (no Docker engine, no GPU there); hadolint checks this file.
+FROM nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# TensorRT-LLM's two example scripts (convert_checkpoint.py, quantize.py) at the commit tensorrtllm_backend
+# r26.07 pins as its tensorrt_llm submodule (TensorRT-LLM 1.2.1, the version installed in this image). Both
+# import only the installed tensorrt_llm package. TRTLLM_EXAMPLES=0 gives a serving-only image.
+ARG TRTLLM_EXAMPLES=1
+ARG TRTLLM_RAW=https://raw.githubusercontent.com/triton-inference-server/TensorRT-LLM
+ARG TRTLLM_COMMIT=ca88df0a400515b8206a19eb30cd047eb7661035
+ARG BAKE_ENGINE=builders/trtllm/engine_placeholder
+
+ENV PROJECT_ROOT=/opt/triton-llm-stack \
+    PYTHONPATH=/opt/triton-llm-stack \
+    TRTLLM_SRC=/opt/tensorrtllm_backend/tensorrt_llm \
+    HF_HUB_OFFLINE=1 \
+    HF_DATASETS_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    HF_HOME=/tmp/hf \
+    HTTP_PORT=8000 \
+    GRPC_PORT=8001 \
+    METRICS_PORT=8002
+
+RUN if [ "${TRTLLM_EXAMPLES}" = "1" ]; then \
+      for f in examples/models/core/llama/convert_checkpoint.py examples/quantization/quantize.py; do \
+        mkdir -p "${TRTLLM_SRC}/$(dirname "${f}")" \
+        && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
+             "${TRTLLM_RAW}/${TRTLLM_COMMIT}/${f}" "${TRTLLM_SRC}/${f}" || exit 1; \
+      done; \
+    fi
+
+# The project's own tools (builder CLI, engine check) get a venv on top of the image's packages, so the
+# pinned model-config protobuf never replaces what TensorRT-LLM uses. The Triton Python stubs use the image's
+# Python with PYTHONPATH = the project only.
+RUN python3 -m venv --system-site-packages /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir "tritonclient[grpc]==2.51.0" "protobuf==4.25.9" \
+       "pydantic==2.14.3" "pyyaml==6.0.3"
+
+WORKDIR /opt/triton-llm-stack
+COPY builders/ builders/
+COPY serving/ serving/
+COPY model_repository/ model_repository/
+COPY pyproject.toml README.md ./
+COPY --chown=1000:1000 ${BAKE_ENGINE} /engines/llama/
+
+# uid 1000 is the image's triton-server user.
+USER 1000
+
+EXPOSE 8000 8001 8002
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
+    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/v2/health/ready' % os.environ.get('HTTP_PORT', '8000'), timeout=4)"]
+
+# The image's entrypoint execs its arguments; `builders.trtllm serve` checks every engine's manifest against
+# this runtime and then execs tritonserver, so tritonserver is PID 1 and drains in-flight requests on SIGTERM
+# (for up to EXIT_TIMEOUT_SECS, default 30: give `docker stop` / Kubernetes a longer grace period).
+ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "/opt/venv/bin/python", "-m", "builders.trtllm", "serve"]
+CMD ["--model-repository", "/engines/llama/model_repository"]

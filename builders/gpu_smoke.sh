@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# GPU smoke test (not run in CI: it needs an NVIDIA GPU and the pinned TensorRT-LLM image).
+#
+# For every variant this GPU supports: build a small real Llama engine, serve it, send streaming requests,
+# and print TTFT / throughput and greedy agreement with the fp16 engine. Run it inside the GPU image:
+#
+#   docker run --rm --gpus all --shm-size=2g -v "$PWD:/work" -w /work \
+#       --entrypoint /opt/nvidia/nvidia_entrypoint.sh triton-llm-stack:gpu bash builders/gpu_smoke.sh
+#
+# Options (environment):
+#   CHECKPOINT=dir     a Hugging Face Llama checkpoint (default: the project's default model, trained here)
+#   VARIANTS="fp16 …"  variants to try (default: all this GPU supports; fp16 always first, it is the reference)
+#   WORK=dir           build outputs and results (default: build/gpu_smoke)
+#   PROMPTS=n          requests per variant (default 16), MAX_TOKENS (default 64), CONCURRENCY (default 4)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PY=${PY:-$(command -v /opt/venv/bin/python || command -v python3)}
+WORK=${WORK:-build/gpu_smoke}
+PROMPTS=${PROMPTS:-16}
+MAX_TOKENS=${MAX_TOKENS:-64}
+CONCURRENCY=${CONCURRENCY:-4}
+HTTP_PORT=${HTTP_PORT:-18000}
+GRPC_PORT=${GRPC_PORT:-18001}
+METRICS_PORT=${METRICS_PORT:-18002}
+export HTTP_PORT GRPC_PORT METRICS_PORT HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+mkdir -p "$WORK"
+
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu_smoke: no NVIDIA GPU visible (run with --gpus all on a GPU machine)" >&2
+    exit 2
+fi
+nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
+
+if [[ -z "${CHECKPOINT:-}" ]]; then
+    CHECKPOINT=build/models/default
+    # The default small Llama (dim 256, 4 layers, vocab 4096); cached across runs.
+    "$PY" -m builders model --out "$CHECKPOINT"
+fi
+
+if [[ -z "${VARIANTS:-}" ]]; then
+    VARIANTS=$("$PY" -m builders.trtllm variants | tr '\n' ' ')
+fi
+# fp16 first: it is the reference for the agreement check.
+read -ra variant_list <<<"fp16 ${VARIANTS//fp16/}"
+echo "gpu_smoke: variants: ${variant_list[*]}"
+
+server_pid=""
+stop_server() {
+    if [[ -n "$server_pid" ]] && kill -0 "$server_pid" 2>/dev/null; then
+        kill -TERM "$server_pid"
+        wait "$server_pid" || true
+    fi
+    server_pid=""
+}
+trap stop_server EXIT
+
+for variant in "${variant_list[@]}"; do
+    out="$WORK/$variant"
+    echo "=== $variant: build"
+    kv_args=()
+    if [[ "$variant" == "fp8" ]]; then kv_args=(--kv-cache-dtype fp8); fi
+    "$PY" -m builders engine --target trtllm --checkpoint "$CHECKPOINT" --output "$out" --variant "$variant" \
+        "${kv_args[@]}" --max-batch-size 16 --max-input-len 768 --max-seq-len 1024 --max-num-tokens 2048 \
+        --calib-size 64 --calib-max-seq-length 256 2>&1 | tee "$out.build.log"
+
+    echo "=== $variant: serve"
+    "$PY" -m builders.trtllm serve --model-repository "$out/model_repository" >"$out.server.log" 2>&1 &
+    server_pid=$!
+    for _ in $(seq 1 300); do
+        if "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$HTTP_PORT/v2/health/ready', timeout=2)" \
+            2>/dev/null; then break; fi
+        if ! kill -0 "$server_pid" 2>/dev/null; then
+            echo "gpu_smoke: server for $variant exited; log:" >&2
+            tail -50 "$out.server.log" >&2
+            exit 1
+        fi
+        sleep 1
+    done
+
+    echo "=== $variant: streaming requests"
+    "$PY" - "$variant" "$WORK" "$PROMPTS" "$MAX_TOKENS" "$CONCURRENCY" "$HTTP_PORT" <<'PYEOF'
+import json, sys, time, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+variant, work, n, max_tokens, concurrency, port = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+prompts = [f"def function_{i}(x):\n    \"\"\"Return" if i % 2 else f"import os\n\n\nclass Thing{i}:\n" for i in range(n)]
+
+def one(prompt):
+    body = json.dumps({"text_input": prompt, "max_tokens": max_tokens, "stream": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/ensemble/generate_stream", body,
+                                 {"Content-Type": "application/json"})
+    start, first, text, tokens, reason = time.perf_counter(), None, [], 0, ""
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            if "error" in event:
+                raise RuntimeError(event["error"])
+            if first is None and event.get("text_output"):
+                first = time.perf_counter()
+            text.append(event.get("text_output", ""))
+            tokens = event.get("num_output_tokens", tokens)
+            reason = event.get("finish_reason", "") or reason
+    end = time.perf_counter()
+    return {"prompt": prompt, "text": "".join(text), "tokens": tokens, "finish_reason": reason,
+            "ttft_s": (first or end) - start, "total_s": end - start}
+
+t0 = time.perf_counter()
+with ThreadPoolExecutor(concurrency) as pool:
+    results = list(pool.map(one, prompts))
+wall = time.perf_counter() - t0
+ttft = sorted(r["ttft_s"] for r in results)
+total_tokens = sum(r["tokens"] for r in results)
+summary = {"variant": variant, "requests": n, "concurrency": concurrency, "ttft_p50_ms": 1000 * ttft[len(ttft) // 2],
+           "ttft_max_ms": 1000 * ttft[-1], "output_tokens": total_tokens, "tokens_per_s": total_tokens / wall,
+           "finish_reasons": sorted({r["finish_reason"] for r in results})}
+json.dump({"summary": summary, "results": results}, open(f"{work}/{variant}.results.json", "w"), indent=2)
+print(json.dumps(summary))
+PYEOF
+    stop_server
+done
+
+echo "=== greedy agreement with fp16"
+"$PY" - "$WORK" "${variant_list[@]}" <<'PYEOF'
+import json, os, sys
+
+work, variants = sys.argv[1], sys.argv[2:]
+ref = {r["prompt"]: r["text"] for r in json.load(open(os.path.join(work, "fp16.results.json")))["results"]}
+print(f"{'variant':10} {'TTFT p50 ms':>12} {'tok/s':>9} {'same text':>10} {'common prefix':>14}")
+for v in variants:
+    data = json.load(open(os.path.join(work, f"{v}.results.json")))
+    same, prefix = 0, 0.0
+    for r in data["results"]:
+        a, b = ref[r["prompt"]], r["text"]
+        same += a == b
+        common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        prefix += common / max(1, len(a))
+    n, s = len(data["results"]), data["summary"]
+    print(f"{v:10} {s['ttft_p50_ms']:12.1f} {s['tokens_per_s']:9.1f} {same:>5}/{n:<4} {100 * prefix / n:13.1f}%")
+PYEOF

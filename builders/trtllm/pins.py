@@ -1,0 +1,37 @@
+"""The one TensorRT-LLM release this project builds and serves with, and where each fact comes from.
+
+Engines only run on the TensorRT-LLM + TensorRT versions (and GPU architecture) that built them, so the
+builder and the server use the same container image. Sources (checked 2026-12-02, see docs/gpu.md):
+
+- Triton's compatibility matrix (triton-inference-server/server ``docs/introduction/compatibility.md``,
+  branches r26.07 and r26.08): 26.07-trtllm-python-py3 = TensorRT-LLM 1.2.1, TensorRT 10.14.1.48,
+  CUDA 13.1.0.036, Python 3.12.3; it is the newest trtllm-python-py3 row (26.08 lists none newer).
+- TensorRT-LLM removed the TensorRT-engine flow (``trtllm-build``, per-model ``convert_checkpoint.py``, the
+  C++ ``tensorrtllm`` Triton backend) on its main branch in June/July 2026 (NVIDIA/TensorRT-LLM PRs #15763,
+  #15907, #15918), after the 1.2 line; 1.2.x still ships it (``convert_checkpoint.py`` there already calls
+  ``emit_engine_arch_deprecation``).
+- tensorrtllm_backend branch r26.07 pins its ``tensorrt_llm`` submodule (the TensorRT-LLM source with the
+  example scripts) to triton-inference-server/TensorRT-LLM commit ``ca88df0a``.
+"""
+
+from __future__ import annotations
+
+TRITON_RELEASE = "26.07"
+TRITON_IMAGE = f"nvcr.io/nvidia/tritonserver:{TRITON_RELEASE}-trtllm-python-py3"
+TRTLLM_VERSION = "1.2.1"
+TENSORRT_VERSION = "10.14.1.48"
+CUDA_VERSION = "13.1.0.036"
+
+#: Where the example scripts come from: ``git clone -b r26.07 --recurse-submodules
+#: https://github.com/triton-inference-server/tensorrtllm_backend`` gives ``tensorrtllm_backend/tensorrt_llm``.
+TRTLLM_BACKEND_BRANCH = "r26.07"
+TRTLLM_SOURCE_COMMIT = "ca88df0a400515b8206a19eb30cd047eb7661035"
+#: Paths inside the TensorRT-LLM source tree (tensorrtllm_backend r26.07 docs/llama.md uses the first one).
+CONVERT_SCRIPT = "examples/models/core/llama/convert_checkpoint.py"
+QUANTIZE_SCRIPT = "examples/quantization/quantize.py"
+#: Default location of that source tree in our image (``Dockerfile`` build arg TRTLLM_SRC).
+DEFAULT_TRTLLM_SRC = "/opt/tensorrtllm_backend/tensorrt_llm"
+
+#: The C++ backend's executor worker inside the image (tensorrt_llm model template, parameter
+#: ``executor_worker_path``).
+EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
