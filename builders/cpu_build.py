@@ -11,8 +11,10 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from cpu_engine.engine_dir import CPU_ENGINE_VERSION, DTYPES, WEIGHTS_FILE
+from cpu_engine.quant import QUANT_ALGOS, bf16_supported, quantise_state_dict
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM"}
+VARIANTS = ("fp32", "bf16", "int8_wo", "int8_sq", "fp8")
 
 
 @dataclass(frozen=True)
@@ -81,11 +83,34 @@ def _hf_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, dtype: str = "float32",
-                     limits: BuildLimits = BuildLimits()) -> Path:
+def compute_dtype(variant: str) -> str:
+    if variant == "fp32":
+        return "float32"
+    if variant == "bf16" or bf16_supported():
+        return "bfloat16"
+    return "float32"  # no fast bf16 on this CPU: quantised weights with fp32 activations
+
+
+def _calibration_absmax(checkpoint: Path, samples: int, seq_len: int) -> dict[str, torch.Tensor]:
+    """Activation ranges of the full-precision model on local text (no hub dataset, works offline)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cpu_engine.quant import collect_activation_absmax
+
+    from .calibration import calibration_batches
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True, dtype=torch.float32).eval()
+    batches = calibration_batches(tokenizer, samples=samples, seq_len=seq_len)
+    return collect_activation_absmax(model, tqdm(batches, desc="calibrating SmoothQuant", unit="batch"))
+
+
+def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, variant: str = "fp32",
+                     limits: BuildLimits = BuildLimits(), sq_alpha: float = 0.5, calib_samples: int = 64) -> Path:
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    dtype = compute_dtype(variant)
     hf = json.loads((checkpoint / "config.json").read_text())
     pc = pretrained_config(hf, dtype)
     limits.validate(pc["max_position_embeddings"])
@@ -94,11 +119,21 @@ def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, dtype: str 
         name = name.removeprefix("model.")
         if name == "lm_head.weight" and pc["tie_word_embeddings"]:
             continue
-        weights[name] = tensor.to(DTYPES[dtype]).contiguous()
+        # Projections to be quantised stay fp32 until quantisation; everything else takes the compute dtype.
+        to_quantise = variant in QUANT_ALGOS and name.endswith("_proj.weight")
+        weights[name] = tensor.to(torch.float32 if to_quantise else DTYPES[dtype]).contiguous()
+    build_extra = {}
+    if variant in QUANT_ALGOS:
+        absmax = None
+        if variant == "int8_sq":
+            absmax = _calibration_absmax(checkpoint, calib_samples, min(256, limits.max_seq_len))
+            build_extra = {"smoothquant_alpha": sq_alpha, "calibration_samples": calib_samples}
+        weights = quantise_state_dict(weights, variant, absmax, sq_alpha)
+        pc["quantization"]["quant_algo"] = QUANT_ALGOS[variant]
     output_dir.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(output_dir / WEIGHTS_FILE))
     config = {"version": CPU_ENGINE_VERSION, "pretrained_config": pc,
-              "build_config": {**asdict(limits), "max_beam_width": 1, "plugin_config": {}},
+              "build_config": {**asdict(limits), "max_beam_width": 1, "plugin_config": {}, **build_extra},
               "source_checkpoint": str(checkpoint.resolve())}
     (output_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return output_dir

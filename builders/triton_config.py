@@ -50,6 +50,8 @@ LLM_INPUTS = (
     _t("min_tokens", "INT32", optional=True), _t("streaming", "BOOL", optional=True),
     _t("exclude_input_in_output", "BOOL", optional=True),
 )
+# Only the LLM model takes ``stop`` (TensorRT-LLM's: end the running request with this request id).
+LLM_CONTROL_INPUTS = (_t("stop", "BOOL", optional=True),)
 LLM_OUTPUTS = (
     _t("output_ids", "INT32", (-1, -1)), _t("sequence_length", "INT32", (-1,)),
     _t("finish_reason", "STRING"), _t("num_input_tokens", "INT32"), _t("num_output_tokens", "INT32"),
@@ -101,7 +103,8 @@ def postprocessing_config(p: ServingProfile) -> mc.ModelConfig:
 
 
 def cpu_llm_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
-    cfg = _python_model(p.llm_model_name, p.max_batch_size, LLM_INPUTS, LLM_OUTPUTS, p.llm.instances,
+    cfg = _python_model(p.llm_model_name, p.max_batch_size, LLM_INPUTS + LLM_CONTROL_INPUTS, LLM_OUTPUTS,
+                        p.llm.instances,
                         {"engine_dir": p.engine_dir, "tokenizer_dir": p.tokenizer_dir,
                          "max_queue_size": p.llm.max_queue_size, "cpu_threads": p.llm.cpu_threads,
                          "drain_timeout_s": p.llm.drain_timeout_s})

@@ -57,6 +57,7 @@ class LLMEngine:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._cancel_all = False  # set when a shutdown drain times out
+        self._kv_tokens = 0  # token positions held in the cache after the last step (engine thread writes)
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
 
     # ---- public API (any thread) -------------------------------------------------------------------
@@ -83,6 +84,10 @@ class LLMEngine:
     @property
     def active(self) -> int:
         return len(self.scheduler.running)
+
+    @property
+    def kv_occupancy(self) -> float:
+        return self._kv_tokens / (self.limits.max_batch_size * self.limits.max_seq_len)
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting work, let in-flight requests finish (up to ``timeout``), then stop the loop."""
@@ -140,6 +145,7 @@ class LLMEngine:
             seq.prefilled += chunk
             if seq.generating:
                 self._accept(seq, logits[0])
+        self._kv_tokens = sum(s.prefilled + len(s.output_ids) for s in sched.running)
 
     def _accept(self, seq: Sequence, logits: torch.Tensor) -> None:
         req = seq.request
@@ -156,9 +162,9 @@ class LLMEngine:
             reason = FinishReason.STOP
         elif len(seq.output_ids) >= req.max_new_tokens or seq.length >= self.limits.max_seq_len:
             reason = FinishReason.LENGTH
-        self._emit(seq, token, reason)
         if reason is not None:
-            self._release(seq)
+            self._release(seq)  # before the event, so whoever reads the gauges on it sees the slot free
+        self._emit(seq, token, reason)
 
     def _banned_tokens(self, seq: Sequence) -> list[int]:
         req = seq.request
@@ -191,12 +197,13 @@ class LLMEngine:
         if seq.slot < 0:  # still waiting for a slot
             with self._lock:
                 self._queued -= 1
-        self._emit(seq, None, reason)
         self._release(seq)
+        self._emit(seq, None, reason)
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
         if seq.slot >= 0:
+            self._kv_tokens -= seq.prefilled + len(seq.output_ids)
             self.cache.release(seq.slot)
             seq.slot = -1
 

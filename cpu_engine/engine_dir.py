@@ -14,10 +14,12 @@ import torch
 from safetensors.torch import load_file
 
 from .model import ModelArgs, Transformer
+from .quant import QUANT_ALGOS, fp8_dequantise, quantisable_linears, swap_linears
 
 CPU_ENGINE_VERSION = "cpu-engine-1"
 WEIGHTS_FILE = "rank0.safetensors"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+VARIANT_OF_QUANT_ALGO = {algo: variant for variant, algo in QUANT_ALGOS.items()}
 
 
 @dataclass(frozen=True)
@@ -46,14 +48,21 @@ def load_engine(engine_dir: str | Path) -> LoadedEngine:
         raise ValueError(f"{engine_dir} holds a {config.get('version')!r} engine, not a CPU engine "
                          f"({CPU_ENGINE_VERSION}): TensorRT-LLM engines need the tensorrtllm backend on a GPU")
     pc = config["pretrained_config"]
-    quant = (pc.get("quantization") or {}).get("quant_algo")
-    if quant is not None:
-        raise ValueError(f"quantisation {quant} is not supported by this CPU engine build")
+    quant_algo = (pc.get("quantization") or {}).get("quant_algo")
+    if quant_algo is not None and quant_algo not in VARIANT_OF_QUANT_ALGO:
+        raise ValueError(f"quant_algo {quant_algo} has no CPU implementation (supported: "
+                         f"{sorted(VARIANT_OF_QUANT_ALGO)})")
+    variant = VARIANT_OF_QUANT_ALGO.get(quant_algo)
     dtype = DTYPES[pc["dtype"]]
-    model = Transformer(ModelArgs.from_pretrained_config(pc))
+    # Parameters take the compute dtype first; quantised modules keep their own buffer dtypes, and
+    # load_state_dict copies (and casts) into whatever is there.
+    model = Transformer(ModelArgs.from_pretrained_config(pc)).to(dtype)
+    swap_linears(model, variant)
     state = load_file(str(Path(engine_dir) / WEIGHTS_FILE))
+    if variant == "fp8":
+        for prefix in quantisable_linears(model):
+            fp8_dequantise(state, prefix, dtype)
     if model.args.tie_word_embeddings:
         state.setdefault("lm_head.weight", state["embed_tokens.weight"])
     model.load_state_dict(state, strict=True)
-    model.to(dtype)
     return LoadedEngine(model.eval(), config, dtype, time.perf_counter() - start)

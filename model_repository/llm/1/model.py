@@ -12,6 +12,7 @@ sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if
 
 import queue  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 import uuid  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 
@@ -21,6 +22,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from cpu_engine import (EngineLimits, GenerationRequest, LLMEngine, QueueFullError, SamplingParams,  # noqa: E402
                         TokenEvent, load_engine)
+from serving.llm_metrics import LLMMetrics  # noqa: E402
 from serving.request_params import check_lengths, check_min_tokens, resolve_sampling  # noqa: E402
 from serving.text import Utf8Chunker, from_word_list, token_bytes_table  # noqa: E402
 from serving.triton_io import RequestError, error_response, model_parameters, scalar, single_row  # noqa: E402
@@ -34,6 +36,9 @@ class _Stream:
     streaming: bool
     echo_ids: list[int]  # prompt ids to prepend to the first response (exclude_input_in_output=false)
     chunker: Utf8Chunker
+    client_id: str = ""
+    arrival: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
     collected: list[int] = field(default_factory=list)
 
 
@@ -49,6 +54,9 @@ class TritonPythonModel:
         self.table = token_bytes_table(params["tokenizer_dir"])
         self.drain_timeout_s = float(params.get("drain_timeout_s", "25"))
         self._streams: dict[str, _Stream] = {}
+        self._by_client_id: dict[str, str] = {}  # client request id → ours, for the `stop` input
+        self._stopped: set[str] = set()
+        self.metrics = LLMMetrics(args["model_name"], args["model_version"])
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         limits = EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
                               max_num_tokens=build["max_num_tokens"], max_queue_size=int(params["max_queue_size"]))
@@ -64,18 +72,37 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
+                if scalar(request, "stop", bool):
+                    self._stop(request.request_id(), sender)
+                    continue
                 gen, stream = self._parse(request, sender)
             except (RequestError, ValueError) as exc:
                 sender.send(error_response(exc), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             self._streams[gen.request_id] = stream
+            if stream.client_id:
+                self._by_client_id[stream.client_id] = gen.request_id
             try:
                 self.engine.submit(gen)
             except QueueFullError as exc:
-                del self._streams[gen.request_id]
+                self._forget(gen.request_id)
                 sender.send(error_response(exc, pb_utils.TritonError.UNAVAILABLE),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
+
+    def _stop(self, client_id: str, sender) -> None:
+        """TensorRT-LLM's ``stop`` input: end the running request with the same request id."""
+        ours = self._by_client_id.get(client_id) if client_id else None
+        if ours is None:
+            raise RequestError(f"stop: no running request with id {client_id!r}")
+        self._stopped.add(ours)
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _forget(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None and stream.client_id:
+            self._by_client_id.pop(stream.client_id, None)
+        self._stopped.discard(request_id)
 
     def _parse(self, request, sender) -> tuple[GenerationRequest, _Stream]:
         ids = single_row(request, "input_ids")
@@ -101,18 +128,20 @@ class TritonPythonModel:
                                     scalar(request, "runtime_top_p", float))
         seed = scalar(request, "random_seed", int) or 0
         exclude_input = scalar(request, "exclude_input_in_output", bool)
+        request_id = uuid.uuid4().hex  # the client's id may be empty or reused; ours keys the stream
         gen = GenerationRequest(
-            request_id=uuid.uuid4().hex,  # the client's id may be empty or reused; ours keys the stream
+            request_id=request_id,
             prompt_ids=prompt,
             max_new_tokens=max_tokens,
             sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed, min_tokens),
             end_id=scalar(request, "end_id", int),
             stop_words=self._word_list(request, "stop_words_list"),
             bad_words=self._word_list(request, "bad_words_list"),
-            is_cancelled=sender.is_cancelled,
+            is_cancelled=lambda: request_id in self._stopped or sender.is_cancelled(),
         )
         stream = _Stream(sender=sender, streaming=bool(scalar(request, "streaming", bool)),
-                         echo_ids=[] if exclude_input in (None, True) else prompt, chunker=Utf8Chunker(self.table))
+                         echo_ids=[] if exclude_input in (None, True) else prompt, chunker=Utf8Chunker(self.table),
+                         client_id=request.request_id())
         return gen, stream
 
     @staticmethod
@@ -134,6 +163,8 @@ class TritonPythonModel:
                 self._handle(event)
             except Exception as exc:  # a failed send (client gone) must not stop the other streams
                 pb_utils.Logger.log_error(f"sending a response failed: {exc}")
+            self.metrics.update_gauges(self.engine.queued, self.engine.active, self.engine.kv_occupancy,
+                                       force=event.finish_reason is not None)
 
     def _handle(self, event: TokenEvent):
         stream = self._streams.get(event.request_id)
@@ -141,6 +172,8 @@ class TritonPythonModel:
             return
         chunk: list[int] = []
         if event.token_id is not None:
+            if stream.first_token is None:
+                stream.first_token = time.monotonic()
             if stream.streaming:
                 chunk = stream.chunker.push(event.token_id) or []
             else:
@@ -149,9 +182,11 @@ class TritonPythonModel:
             if chunk:
                 self._send(stream, chunk, event, final=False)
             return
-        del self._streams[event.request_id]
+        self._forget(event.request_id)
         rest = chunk + stream.chunker.flush() if stream.streaming else stream.collected
         self._send(stream, rest, event, final=True)
+        self.metrics.request_finished(event.finish_reason.value, stream.arrival, stream.first_token,
+                                      time.monotonic(), event.num_input_tokens, event.num_output_tokens)
 
     def _send(self, stream: _Stream, ids: list[int], event: TokenEvent, final: bool):
         if stream.echo_ids:
