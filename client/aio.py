@@ -7,6 +7,8 @@ one running event loop.
 
 from __future__ import annotations
 
+import asyncio
+
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from types import TracebackType
@@ -17,6 +19,7 @@ import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
 from client.core import (Completion, GenerationError, Health, ResponseCollector, SamplingParams, build_inputs,
+                         stop_inputs,
                          is_final, to_error)
 
 
@@ -59,10 +62,13 @@ class AsyncLLMClient:
     Create it inside the event loop that uses it: gRPC's asyncio channel binds to the loop it starts on.
     """
 
-    def __init__(self, url: str = "localhost:8001", model: str = "ensemble", timeout: float | None = None):
-        """``timeout``: deadline in seconds for each request's stream (``None``: no deadline)."""
+    def __init__(self, url: str = "localhost:8001", model: str = "ensemble", timeout: float | None = None,
+                 stop_model: str | None = "llm"):
+        """``timeout``: deadline in seconds for each request's stream (``None``: no deadline).
+        ``stop_model``: the LLM model to send ``stop`` to when a request is abandoned (None: don't)."""
         self.url = url
         self.model = model
+        self.stop_model = stop_model
         self._timeout = timeout
         self._grpc = grpcclient_aio.InferenceServerClient(url)
 
@@ -97,6 +103,23 @@ class AsyncLLMClient:
                         tb: TracebackType | None) -> None:
         await self.close()
 
+    async def _stop_on_server(self, request_id: str) -> None:
+        """Best effort, see ``client.core.stop_inputs``; the request may already have ended."""
+        if self.stop_model is None:
+            return
+
+        async def one_request():
+            yield {"model_name": self.stop_model, "inputs": stop_inputs(), "request_id": request_id,
+                   "parameters": {"triton_enable_empty_final_response": True}}
+
+        try:
+            async with asyncio.timeout(5):
+                async for result, error in self._grpc.stream_infer(one_request()):
+                    if error is not None or is_final(result):
+                        break
+        except (TimeoutError, grpc.RpcError, InferenceServerException):
+            pass
+
     async def _run(self, inputs: list[grpcclient.InferInput],
                    collector: ResponseCollector) -> AsyncGenerator[str, None]:
         request = {
@@ -129,4 +152,5 @@ class AsyncLLMClient:
             # Anything short of a final response (error, caller stopped early) cancels the call.
             if not finished:
                 responses.cancel()
+                await self._stop_on_server(collector.request_id)
         raise GenerationError("the server closed the stream before sending a final response")

@@ -155,6 +155,21 @@ def build_inputs(prompt: str, params: SamplingParams, stream: bool) -> list[grpc
     return inputs
 
 
+def stop_inputs() -> list[grpcclient.InferInput]:
+    """TensorRT-LLM's ``stop`` request for the LLM model: ends the running request with the same request
+    id. The required inputs carry placeholders; the model looks only at ``stop`` and the id.
+
+    Needed because Triton (2.51) cancels an ensemble only between steps: the LLM step already running
+    would otherwise generate to ``max_tokens`` after the client has gone.
+    """
+    return [
+        _tensor("input_ids", np.zeros((1, 1), dtype=np.int32), "INT32"),
+        _tensor("input_lengths", np.ones((1, 1), dtype=np.int32), "INT32"),
+        _tensor("request_output_len", np.ones((1, 1), dtype=np.int32), "INT32"),
+        _scalar_input("stop", True, np.bool_),
+    ]
+
+
 def is_final(result: grpcclient.InferResult) -> bool:
     """Decoupled models flag their last response per request; with ``enable_empty_final_response`` the
     flag also arrives when the last response carries no data."""
@@ -197,9 +212,11 @@ class ResponseCollector:
         self._num_input_tokens = 0
         self._num_output_tokens = 0
         self._start = 0.0
+        self.sent = False
 
     def mark_sent(self) -> None:
         """Timings start here: a stream's request is sent when iteration starts, not when it is created."""
+        self.sent = True
         self._start = time.perf_counter()
 
     def add(self, result: grpcclient.InferResult) -> str:

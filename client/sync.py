@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from client.core import (Completion, Health, ResponseCollector, SamplingParams, build_inputs,
-                         is_final, to_error)
+                         is_final, stop_inputs, to_error)
 
 # How long to wait for a dead stream's callback to report why it died.
 _CALLBACK_GRACE_S = 5.0
@@ -59,10 +59,13 @@ class TextStream(Iterator[str]):
 class LLMClient:
     """Text generation against a Triton ensemble over gRPC. One request at a time per client."""
 
-    def __init__(self, url: str = "localhost:8001", model: str = "ensemble", timeout: float | None = None):
-        """``timeout``: deadline in seconds for each request's stream (``None``: no deadline)."""
+    def __init__(self, url: str = "localhost:8001", model: str = "ensemble", timeout: float | None = None,
+                 stop_model: str | None = "llm"):
+        """``timeout``: deadline in seconds for each request's stream (``None``: no deadline).
+        ``stop_model``: the LLM model to send ``stop`` to when a request is abandoned (None: don't)."""
         self.url = url
         self.model = model
+        self.stop_model = stop_model
         self._timeout = timeout
         self._grpc = grpcclient.InferenceServerClient(url)
         self._busy = threading.Lock()
@@ -132,4 +135,21 @@ class LLMClient:
         finally:
             # Anything short of a final response (error, caller stopped early) cancels the request.
             self._grpc.stop_stream(cancel_requests=not finished)
+            if not finished and collector.sent:
+                self._stop_on_server(collector.request_id)
             self._busy.release()
+
+    def _stop_on_server(self, request_id: str) -> None:
+        """Best effort: the request may already have ended (then the model answers "no running request")."""
+        if self.stop_model is None:
+            return
+        done = threading.Event()
+        try:
+            self._grpc.start_stream(callback=lambda result, error: done.set())
+            self._grpc.async_stream_infer(self.stop_model, stop_inputs(), request_id=request_id,
+                                          enable_empty_final_response=True)
+            done.wait(_CALLBACK_GRACE_S)
+        except InferenceServerException:
+            pass
+        finally:
+            self._grpc.stop_stream()

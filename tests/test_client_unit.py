@@ -220,7 +220,11 @@ def test_stopping_iteration_early_cancels_the_request_and_frees_the_client():
     llm, fake = fake_client(STREAM_SCRIPT)
     with llm.stream("p") as stream:
         assert next(stream) == "Hel"
-    assert fake.stopped == [True] and stream.completion is None
+    # The stream is cancelled, then TensorRT-LLM's `stop` goes to the LLM model under the same request id
+    # (Triton's ensemble does not cancel a step that is already running).
+    assert fake.stopped == [True, False] and stream.completion is None
+    (_, request_id, _), (stop_model, stop_id, stop_inputs) = fake.sent
+    assert stop_model == "llm" and stop_id == request_id and "stop" in stop_inputs
     assert llm.generate("p").text == "Hello!"  # the one-request-at-a-time lock was released
 
 
@@ -229,7 +233,7 @@ def test_error_over_the_stream_raises_generation_error_and_cancels():
     llm, fake = fake_client([(None, InferenceServerException(msg=message))])
     with pytest.raises(GenerationError, match=message):
         llm.generate("p", SamplingParams(max_tokens=0))
-    assert fake.stopped == [True]
+    assert fake.stopped[0] is True and fake.sent[-1][0] == "llm"
 
 
 def test_bad_params_fail_when_the_stream_is_created_not_when_it_is_iterated():
@@ -267,7 +271,7 @@ class FakeAioCall:
 
 def fake_aio_client(script) -> tuple[AsyncLLMClient, list[FakeAioCall]]:
     llm = AsyncLLMClient.__new__(AsyncLLMClient)  # no channel: nothing here touches the network
-    llm.url, llm.model, llm._timeout, calls = "fake:1", "ensemble", None, []
+    llm.url, llm.model, llm._timeout, llm.stop_model, calls = "fake:1", "ensemble", None, "llm", []
 
     class Grpc:
         def stream_infer(self, requests, stream_timeout=None):
@@ -298,6 +302,8 @@ def test_async_early_close_cancels_and_errors_raise():
         llm, calls = fake_aio_client(STREAM_SCRIPT)
         async with llm.stream("p") as stream:
             await stream.__anext__()
+        stop_request = [r async for r in calls[-1].requests]
+        assert stop_request[0]["model_name"] == "llm" and stop_request[0]["request_id"] == stream.request_id
         failing, _ = fake_aio_client([(None, InferenceServerException(msg="bad prompt"))])
         with pytest.raises(GenerationError, match="bad prompt"):
             await failing.generate("p")

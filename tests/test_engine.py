@@ -1,0 +1,189 @@
+"""The CPU engine in-process: in-flight batching keeps greedy results, sampling, stops, queue bound, variants."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from builders.cpu_build import BuildLimits, build_cpu_engine
+from cpu_engine import (EngineLimits, FinishReason, GenerationRequest, LLMEngine, QueueFullError, SamplingParams,
+                        load_engine)
+from cpu_engine.kv_cache import KVCache
+from serving.text import token_bytes_table
+
+
+class Collector:
+    def __init__(self):
+        self.events = {}
+        self.done = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, event):
+        with self.lock:
+            self.events.setdefault(event.request_id, []).append(event)
+            if event.finish_reason is not None:
+                self.done[event.request_id] = event.finish_reason
+
+    def tokens(self, rid):
+        return [e.token_id for e in self.events[rid] if e.token_id is not None]
+
+    def wait(self, n, timeout=60):
+        deadline = time.monotonic() + timeout
+        while len(self.done) < n:
+            assert time.monotonic() < deadline, f"only {len(self.done)} of {n} requests finished"
+            time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, local_files_only=True, dtype=torch.float32)
+    return tokenizer, model.eval()
+
+
+def start_engine(engine_dir, collector, token_bytes=None, **limits):
+    loaded = load_engine(engine_dir)
+    build = loaded.build_config
+    merged = dict(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
+                  max_num_tokens=16, max_queue_size=64)  # a small token budget forces chunked prefill
+    merged.update(limits)
+    return LLMEngine(loaded.model, EngineLimits(**merged), collector, token_bytes=token_bytes,
+                     dtype=loaded.compute_dtype).start()
+
+
+def test_in_flight_batching_keeps_hugging_face_greedy_tokens(engine_dir, hf_model):
+    tokenizer, model = hf_model
+    prompts = ["def f(x):", "import os\nimport sys\nimport re\n\n\nclass Config:\n    '''Settings.'''\n",
+               "x", "for i in range(10):\n    print(i)\n" * 3, "# comment", "a = {'k': [1, 2, 3]}\n" * 2,
+               "while True:", "return None"]
+    collector = Collector()
+    engine = start_engine(engine_dir, collector, max_batch_size=4)
+    ids = {}
+    for i, prompt in enumerate(prompts):  # staggered arrivals: requests join a batch already running
+        ids[str(i)] = tokenizer(prompt).input_ids
+        engine.submit(GenerationRequest(str(i), ids[str(i)], max_new_tokens=20 + 3 * i))
+        time.sleep(0.005 * (i % 3))
+    collector.wait(len(prompts))
+    engine.shutdown(10)
+    for rid, prompt_ids in ids.items():
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([prompt_ids]), max_new_tokens=20 + 3 * int(rid), do_sample=False,
+                                 eos_token_id=None, pad_token_id=tokenizer.pad_token_id)[0, len(prompt_ids):]
+        assert collector.tokens(rid) == ref.tolist(), f"prompt {rid} diverged from Hugging Face"
+        assert collector.done[rid] == FinishReason.LENGTH
+
+
+def test_seeds_reproduce_and_differ(engine_dir):
+    collector = Collector()
+    engine = start_engine(engine_dir, collector)
+    sampling = [SamplingParams(temperature=1.0, top_k=0, top_p=0.9, seed=s) for s in (5, 5, 6)]
+    for i, params in enumerate(sampling):
+        engine.submit(GenerationRequest(str(i), [0, 10, 20, 30], max_new_tokens=24, sampling=params))
+    collector.wait(3)
+    engine.shutdown(10)
+    assert collector.tokens("0") == collector.tokens("1")
+    assert collector.tokens("0") != collector.tokens("2")
+
+
+def test_end_id_min_tokens_and_stop_words(engine_dir, tiny_checkpoint, hf_model):
+    tokenizer, _ = hf_model
+    table = token_bytes_table(tiny_checkpoint)
+    collector = Collector()
+    engine = start_engine(engine_dir, collector, token_bytes=table)
+    prompt = tokenizer("def main():").input_ids
+    engine.submit(GenerationRequest("free", prompt, max_new_tokens=30))
+    collector.wait(1)
+    free = collector.tokens("free")
+    first_new = next(k for k in range(3, len(free)) if free[k] not in free[:k])
+    end_id = free[first_new]
+    engine.submit(GenerationRequest("eos", prompt, max_new_tokens=30, end_id=end_id))
+    engine.submit(GenerationRequest("min", prompt, max_new_tokens=30, end_id=end_id,
+                                    sampling=SamplingParams(min_tokens=first_new + 2)))
+    engine.submit(GenerationRequest("stop", prompt, max_new_tokens=30, stop_words=[free[6:8]]))
+    # A stop string tokenised on its own differently than in the output (it starts inside a token).
+    text = b"".join(table[t] for t in free).decode("utf-8", errors="ignore")
+    stop_text = next(text[i:i + 3] for i in range(1, len(text) - 3) if text[i:i + 3].strip())
+    stop_ids = tokenizer.encode(stop_text, add_special_tokens=False)
+    engine.submit(GenerationRequest("text", prompt, max_new_tokens=30, stop_words=[stop_ids]))
+    collector.wait(5)
+    engine.shutdown(10)
+    assert collector.tokens("eos") == free[:first_new] and collector.done["eos"] == FinishReason.STOP
+    assert len(collector.tokens("min")) >= first_new + 2
+    assert collector.tokens("stop") == free[:8] and collector.done["stop"] == FinishReason.STOP
+    out = b"".join(table[t] for t in collector.tokens("text")).decode("utf-8", errors="ignore")
+    assert collector.done["text"] == FinishReason.STOP and stop_text in out
+    assert len(collector.tokens("text")) < len(free)
+
+
+def test_bad_words_are_never_generated(engine_dir):
+    collector = Collector()
+    engine = start_engine(engine_dir, collector)
+    engine.submit(GenerationRequest("free", [0, 7, 8, 9], max_new_tokens=16))
+    collector.wait(1)
+    banned = sorted(set(collector.tokens("free")))[:3]
+    engine.submit(GenerationRequest("banned", [0, 7, 8, 9], max_new_tokens=16, bad_words=[[t] for t in banned]))
+    collector.wait(2)
+    engine.shutdown(10)
+    assert not set(collector.tokens("banned")) & set(banned)
+
+
+def test_cancellation_frees_the_slot_and_full_queue_rejects(engine_dir):
+    collector = Collector()
+    cancelled = threading.Event()
+    engine = start_engine(engine_dir, collector, max_batch_size=1, max_queue_size=2)
+    engine.submit(GenerationRequest("long", [0, 1, 2], max_new_tokens=200, is_cancelled=cancelled.is_set))
+    while engine.active == 0:  # "long" holds the only slot; the next two wait in the queue
+        time.sleep(0.001)
+    engine.submit(GenerationRequest("q1", [0, 1, 2], max_new_tokens=4))
+    engine.submit(GenerationRequest("q2", [0, 1, 2], max_new_tokens=4))
+    with pytest.raises(QueueFullError, match="queue is full"):
+        engine.submit(GenerationRequest("q3", [0, 1, 2], max_new_tokens=4))
+    cancelled.set()
+    collector.wait(3)
+    assert collector.done["long"] == FinishReason.CANCELLED
+    assert len(collector.tokens("long")) < 200
+    assert engine.active == 0 and engine.queued == 0 and engine.kv_occupancy == 0
+    engine.shutdown(10)
+
+
+def test_shutdown_drains_accepted_requests(engine_dir):
+    collector = Collector()
+    engine = start_engine(engine_dir, collector, max_batch_size=2)
+    for i in range(5):
+        engine.submit(GenerationRequest(str(i), [0, 3, 4], max_new_tokens=12))
+    engine.shutdown(timeout=30)
+    assert set(collector.done) == {str(i) for i in range(5)}
+    assert all(len(collector.tokens(str(i))) == 12 for i in range(5))
+    with pytest.raises(QueueFullError, match="shutting down"):
+        engine.submit(GenerationRequest("late", [0, 1], max_new_tokens=2))
+
+
+# Top-1 agreement with the fp32 engine on held-out text; thresholds sit below what the tiny random
+# test model reaches (its logits are nearly flat, the hardest case for quantisation).
+AGREEMENT = {"bf16": 0.95, "int8_wo": 0.9, "int8_sq": 0.85, "fp8": 0.85}
+
+
+def _logits(engine_dir, ids):
+    loaded = load_engine(engine_dir)
+    cache = KVCache(loaded.model.args, 1, len(ids), loaded.compute_dtype)
+    with torch.inference_mode():
+        return loaded.model(torch.tensor([ids]), torch.arange(len(ids))[None], torch.tensor([0]), cache,
+                            last_only=False)[0]
+
+
+@pytest.mark.parametrize("variant", sorted(AGREEMENT))
+def test_quantised_variant_agrees_with_full_precision(variant, tiny_checkpoint, engine_dir, tmp_path, hf_model):
+    from builders.default_model import corpus_files
+
+    tokenizer, _ = hf_model
+    ids = tokenizer.encode("".join(p.read_text() for p in corpus_files().val[:2]))[:192]
+    out = build_cpu_engine(tiny_checkpoint, tmp_path / variant, variant=variant,
+                           limits=BuildLimits(max_batch_size=2, max_input_len=192, max_seq_len=256,
+                                              max_num_tokens=64), calib_samples=8)
+    reference, quantised = _logits(engine_dir, ids), _logits(out, ids)
+    agreement = (reference.argmax(-1) == quantised.argmax(-1)).float().mean().item()
+    assert agreement >= AGREEMENT[variant], f"{variant}: top-1 agreement {agreement:.3f}"
