@@ -50,6 +50,7 @@ RUN python3 -m venv --system-site-packages /opt/venv \
 WORKDIR /opt/triton-llm-stack
 COPY builders/ builders/
 COPY serving/ serving/
+COPY client/ client/
 COPY model_repository/ model_repository/
 COPY pyproject.toml README.md ./
 COPY --chown=1000:1000 ${BAKE_ENGINE} /engines/llama/

@@ -15,11 +15,12 @@ ENGINE_DIR := build/engines/default-fp32
 REPOSITORY := build/model_repository
 PROFILE := builders/profiles/cpu.yaml
 
-.PHONY: help venv model engine repository serve test clean
+.PHONY: help venv model engine repository serve test helm-check clean
 
 help:
 	@echo "make serve   build (cached) and run tritonserver: HTTP $(HTTP_PORT), gRPC $(GRPC_PORT), metrics $(METRICS_PORT)"
 	@echo "make test    the whole test suite (starts its own tritonserver on free ports)"
+	@echo "make helm-check  the Helm chart, offline: lint, render, schemas, policies, goldens"
 
 # The environment: pinned dependencies, project installed in place (compat mode puts the project root on sys.path).
 $(VENV)/.installed: pyproject.toml
@@ -50,6 +51,11 @@ serve: repository
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
+
+# The Helm chart (also part of `make test`): tools into build/tools and the venv, then its tests.
+helm-check: $(VENV)/.installed
+	PYTHON=$(PY) bash scripts/helm-tools.sh
+	$(PY) -m pytest tests/test_helm.py tests/test_helm_live.py
 
 clean:
 	rm -rf build
