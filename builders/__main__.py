@@ -23,8 +23,24 @@ def _engine(args) -> None:
 
     limits = BuildLimits(max_batch_size=args.max_batch_size, max_input_len=args.max_input_len,
                          max_seq_len=args.max_seq_len, max_num_tokens=args.max_num_tokens)
-    out = build_cpu_engine(args.checkpoint, args.output, dtype=args.dtype, limits=limits)
-    print(f"CPU engine ({args.dtype}) written to {out}")
+    out = build_cpu_engine(args.checkpoint, args.output, variant=args.variant, limits=limits,
+                           sq_alpha=args.sq_alpha, calib_samples=args.calib_samples)
+    print(f"CPU engine ({args.variant}) written to {out}")
+
+
+def _eval(args) -> None:
+    import shlex
+
+    import torch
+
+    from .evaluate import evaluate, write_report
+
+    torch.set_num_threads(args.threads)
+    results = evaluate(Path(args.checkpoint), Path(args.engines), seq_len=args.seq_len, max_windows=args.windows,
+                       calib_samples=args.calib_samples, sq_alpha=args.sq_alpha)
+    command = "python -m builders eval " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    write_report(results, Path(args.out), command, args.windows, args.seq_len)
+    print(Path(args.out).read_text())
 
 
 def _repository(args) -> None:
@@ -63,12 +79,25 @@ def main(argv: list[str] | None = None) -> None:
                    help="trtllm: see `python -m builders engine --target trtllm --help`")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--output", required=True)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--variant", default="fp32", choices=["fp32", "bf16", "int8_wo", "int8_sq", "fp8"])
+    p.add_argument("--sq-alpha", type=float, default=0.5, help="SmoothQuant migration strength (int8_sq)")
+    p.add_argument("--calib-samples", type=int, default=64, help="calibration windows of local text (int8_sq)")
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument("--max-input-len", type=int, default=768)
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--max-num-tokens", type=int, default=256)
     p.set_defaults(func=_engine)
+
+    p = sub.add_parser("eval", help="perplexity, agreement and KL of every CPU variant vs fp32")
+    p.add_argument("--checkpoint", default=str(PROJECT_ROOT / "build/models/default"))
+    p.add_argument("--engines", default=str(PROJECT_ROOT / "build/engines"))
+    p.add_argument("--out", default=str(PROJECT_ROOT / "docs/evaluation.md"))
+    p.add_argument("--windows", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--sq-alpha", type=float, default=0.5)
+    p.add_argument("--calib-samples", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(func=_eval)
 
     p = sub.add_parser("repository", help="render the Triton model repository from a profile")
     p.add_argument("--profile", default=str(PROJECT_ROOT / "builders/profiles/cpu.yaml"))

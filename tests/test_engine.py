@@ -187,3 +187,15 @@ def test_quantised_variant_agrees_with_full_precision(variant, tiny_checkpoint, 
     reference, quantised = _logits(engine_dir, ids), _logits(out, ids)
     agreement = (reference.argmax(-1) == quantised.argmax(-1)).float().mean().item()
     assert agreement >= AGREEMENT[variant], f"{variant}: top-1 agreement {agreement:.3f}"
+
+
+def test_eval_command_reports_every_variant(tiny_checkpoint, tmp_path):
+    from builders.evaluate import evaluate, to_markdown
+
+    results = evaluate(tiny_checkpoint, tmp_path, variants=("fp32", "int8_wo"), seq_len=64, max_windows=2,
+                       calib_samples=4)
+    assert [r.variant for r in results] == ["fp32", "int8_wo"]
+    fp32, int8 = results
+    assert fp32.top1_agreement == 1.0 and fp32.mean_kl == 0.0 and fp32.perplexity > 1
+    assert int8.quant_algo == "W8A16" and int8.weight_bytes < fp32.weight_bytes and int8.mean_kl > 0
+    assert "| int8_wo | W8A16 |" in to_markdown(results, "cmd", 2, 64)
