@@ -20,6 +20,9 @@ from .sampling import Sampler
 from .scheduler import FinishReason, GenerationRequest, Scheduler, Sequence
 
 
+CANCEL_POLL_S = 0.02  # how stale a cancellation may be before its slot is freed
+
+
 class QueueFullError(RuntimeError):
     pass
 
@@ -57,6 +60,7 @@ class LLMEngine:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._cancel_all = False  # set when a shutdown drain times out
+        self._next_cancel_check = 0.0
         self._kv_tokens = 0  # token positions held in the cache after the last step (engine thread writes)
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
 
@@ -121,9 +125,13 @@ class LLMEngine:
 
     def _step(self) -> None:
         sched = self.scheduler
-        for seq in list(sched.running) + list(sched.waiting):
-            if self._cancel_all or seq.request.is_cancelled():
-                self._finish(seq, FinishReason.CANCELLED)
+        now = time.monotonic()
+        if self._cancel_all or now >= self._next_cancel_check:
+            # is_cancelled() may cost an IPC round trip (Triton), so it is polled, not called every step.
+            self._next_cancel_check = now + CANCEL_POLL_S
+            for seq in list(sched.running) + list(sched.waiting):
+                if self._cancel_all or seq.request.is_cancelled():
+                    self._finish(seq, FinishReason.CANCELLED)
         before = len(sched.running)
         sched.admit(self.cache.allocate)
         if len(sched.running) != before:
@@ -171,12 +179,19 @@ class LLMEngine:
         banned = []
         if req.end_id is not None and len(seq.output_ids) < req.sampling.min_tokens:
             banned.append(req.end_id)
-        history = req.prompt_ids + seq.output_ids
         for word in req.bad_words:
             prefix = word[:-1]
-            if not prefix or history[len(history) - len(prefix):] == prefix:
+            if not prefix or self._tail(seq, len(prefix)) == prefix:
                 banned.append(word[-1])
         return banned
+
+    @staticmethod
+    def _tail(seq: Sequence, n: int) -> list[int]:
+        """The last ``n`` tokens of prompt + output, without copying the whole history."""
+        out = seq.output_ids[-n:]
+        if len(out) < n:
+            out = seq.request.prompt_ids[len(seq.request.prompt_ids) - (n - len(out)):] + out
+        return out
 
     def _hits_stop_word(self, seq: Sequence, token: int) -> bool:
         words = seq.request.stop_words
