@@ -15,7 +15,7 @@ ENGINE_DIR := build/engines/default-fp32
 REPOSITORY := build/model_repository
 PROFILE := builders/profiles/cpu.yaml
 
-.PHONY: help venv model engine repository serve test helm-check clean
+.PHONY: help venv model engine repository serve test helm-check clean loadtest-tools benchmark
 
 help:
 	@echo "make serve   build (cached) and run tritonserver: HTTP $(HTTP_PORT), gRPC $(GRPC_PORT), metrics $(METRICS_PORT)"
@@ -23,10 +23,11 @@ help:
 	@echo "make helm-check  the Helm chart, offline: lint, render, schemas, policies, goldens"
 
 # The environment: pinned dependencies, project installed in place (compat mode puts the project root on sys.path).
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements-server.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]" --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet --no-deps -r requirements-server.txt
 	touch $@
 
 venv: $(VENV)/.installed
@@ -51,6 +52,15 @@ serve: repository
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
+
+# perf_analyzer 2.51 (tritonclient wheel + libb64/libcudart linked from nvidia_pytriton.libs) and genai-perf in
+# its own venv under build/tools (~1 GB, once). The tests need only perf_analyzer, which sets itself up.
+loadtest-tools: $(VENV)/.installed
+	$(PY) -m loadtest setup --genai-perf
+
+# Measure the default model on its own server (free ports) and rewrite docs/benchmarks/serving.md (~2-3 min).
+benchmark: $(ENGINE_DIR)/config.json
+	$(PY) -m loadtest report-serving
 
 # The Helm chart (also part of `make test`): tools into build/tools and the venv, then its tests.
 helm-check: $(VENV)/.installed

@@ -1,0 +1,389 @@
+"""loadtest without a server: profiles -> commands, input data, parsing, SLO exit codes, trace stages, metrics,
+diagnosis rules and the autotuner's search (with a fake evaluator)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from loadtest import commands, metrics, slo
+from loadtest import trace as tracing
+from loadtest.diagnose import advise, layers_of
+from loadtest.inputs import PromptTokenizer, generate_requests, perf_analyzer_data, prompt_with_tokens
+from loadtest.results import LevelResult, Stats, parse_level
+from loadtest.spec import (SLO, Inputs, Load, LoadProfile, Measurement, PromptMix, TokenDist, available_profiles,
+                           load_profile)
+
+REQUIRED_PROFILES = {"smoke", "concurrency", "poisson", "long-prompt", "streaming"}
+
+
+# ---------------------------------------------------------------------------------------------- profiles
+
+
+def test_every_profile_validates_and_the_required_ones_exist():
+    names = set(available_profiles())
+    assert REQUIRED_PROFILES <= names
+    for name in names:
+        p = load_profile(name)
+        assert p.name == name
+        assert p.model == "ensemble"
+    assert load_profile("poisson").load.mode == "request_rate"
+    assert load_profile("poisson").load.distribution == "poisson"
+    assert load_profile("concurrency").load.levels == [1, 4, 8, 16]
+    assert load_profile("concurrency").slo.at == [8]
+
+
+def test_bad_profiles_are_refused(tmp_path):
+    with pytest.raises(ValueError):
+        Load(mode="concurrency", levels=[1.5])
+    with pytest.raises(ValueError):
+        TokenDist(mean=10, min=20)
+    with pytest.raises(ValueError):
+        Inputs(prompt_tokens=TokenDist(mean=8))  # no output lengths
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nload: {levels: [1]}\ninputs: {prompt_tokens: {mean: 8}, output_tokens: {mean: 4}}\n"
+                   "surprise: 1\n")
+    with pytest.raises(ValueError):
+        load_profile(bad)
+    with pytest.raises(FileNotFoundError, match="available"):
+        load_profile("no-such-profile")
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+def _args(argv: list[str]) -> dict[str, str]:
+    return {a: argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else "" for i, a in
+            enumerate(argv) if a.startswith("-")}
+
+
+def test_concurrency_profile_to_perf_analyzer_command(tmp_path):
+    p = load_profile("concurrency")
+    argv = commands.perf_analyzer_args(p, 8, url="localhost:9001", input_data=tmp_path / "in.json",
+                                       csv=Path("c8.csv"), export=tmp_path / "c8.json",
+                                       metrics_url="http://localhost:9002/metrics")
+    a = _args(argv)
+    assert a["-m"] == "ensemble" and a["-i"] == "grpc" and a["-u"] == "localhost:9001"
+    assert "--streaming" in argv  # decoupled ensemble: the stream API, always
+    assert a["--concurrency-range"] == "8"
+    assert a["--measurement-interval"] == "4000" and a["--max-trials"] == "3"
+    assert a["--stability-percentage"] == "999"
+    assert a["--input-data"] == str(tmp_path / "in.json")
+    assert a["-f"] == "c8.csv" and "--verbose-csv" in argv and a["--profile-export-file"] == str(tmp_path / "c8.json")
+    assert a["--metrics-url"] == "http://localhost:9002/metrics" and "--collect-metrics" in argv
+    assert "--request-count" not in argv
+    assert int(a["--max-threads"]) >= 8
+    wide = commands.perf_analyzer_args(p, 32, url="u", input_data=Path("i"), csv=Path("c"), export=Path("e"))
+    assert _args(wide)["--max-threads"] == "32"
+
+
+def test_poisson_profile_and_request_counts():
+    p = load_profile("poisson")
+    argv = commands.perf_analyzer_args(p, 2.5, url="h:1", input_data=Path("i"), csv=Path("c"), export=Path("e"))
+    a = _args(argv)
+    assert a["--request-rate-range"] == "2.5" and a["--request-distribution"] == "poisson"
+    assert "--concurrency-range" not in argv
+    smoke = load_profile("smoke")
+    assert commands.request_count(smoke, 1) == 6
+    assert commands.request_count(smoke, 4) == 12  # 3 per stream
+    assert _args(commands.perf_analyzer_args(smoke, 4, url="h:1", input_data=Path("i"), csv=Path("c"),
+                                             export=Path("e")))["--request-count"] == "12"
+
+
+def test_genai_perf_command_uses_a_local_tokenizer_and_min_tokens(tmp_path):
+    p = load_profile("concurrency")
+    argv = commands.genai_perf_args(p, 4, url="localhost:8001", tokenizer=tmp_path / "tok", artifact_dir=tmp_path / "a")
+    a = _args(argv)
+    assert argv[0] == "profile"
+    assert a["--tokenizer"] == str(tmp_path / "tok")  # never the hub default
+    assert a["--endpoint-type"] == "kserve" and a["--backend"] == "tensorrtllm"
+    assert a["--synthetic-input-tokens-mean"] == "128" and a["--output-tokens-mean"] == "64"
+    assert a["--extra-inputs"] == "min_tokens:64"  # our ensemble's name (genai-perf's flag sends min_length)
+    assert "--output-tokens-mean-deterministic" not in argv
+    assert "--streaming" in argv and a["--concurrency"] == "4"
+    with pytest.raises(ValueError, match="mixes"):
+        commands.genai_perf_args(load_profile("streaming"), 2, url="u", tokenizer=tmp_path, artifact_dir=tmp_path)
+
+
+def test_cli_prints_commands_and_lists_profiles(capsys):
+    from loadtest.__main__ import main
+
+    assert main(["profiles"]) == 0
+    assert "poisson" in capsys.readouterr().out
+    assert main(["commands", "--profile", "concurrency", "--url", "localhost:9001", "--levels", "1,16"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and "--concurrency-range 16" in lines[1] and "--streaming" in lines[0]
+    assert main(["sweep", "--profile", "no-such-profile"]) == slo.EXIT_ERROR
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+def test_input_data_honours_token_lengths(tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True)  # what preprocessing counts
+    tok = PromptTokenizer(tiny_checkpoint)
+    spec = Inputs(prompt_tokens=TokenDist(mean=48, stddev=12, min=20, max=80),
+                  output_tokens=TokenDist(mean=16, stddev=4, min=8, max=24), num_prompts=40, seed=7)
+    requests = generate_requests(spec, tok)
+    assert len(requests) == 40
+    for r in requests:
+        assert len(hf.encode(r.prompt)) == r.prompt_tokens
+        assert 20 <= r.prompt_tokens <= 80 and 8 <= r.output_tokens <= 24
+    assert len({r.prompt_tokens for r in requests}) > 5  # a distribution, not one value
+    assert [r.prompt for r in generate_requests(spec, tok)] == [r.prompt for r in requests]  # seeded
+    for n in (2, 5, 200):
+        import random
+
+        assert len(hf.encode(prompt_with_tokens(tok, n, random.Random(n)))) == n
+    data = perf_analyzer_data(requests[:3], streaming=False)
+    for entry, r in zip(data["data"], requests):
+        assert entry["text_input"] == [r.prompt] and entry["max_tokens"] == [r.output_tokens]
+        assert entry["min_tokens"] == [r.output_tokens] and entry["stream"] == [False]
+
+
+def test_mixed_inputs_follow_the_weights(tiny_checkpoint):
+    tok = PromptTokenizer(tiny_checkpoint)
+    spec = Inputs(mix=[PromptMix(weight=3, prompt_tokens=TokenDist(mean=10), output_tokens=TokenDist(mean=4)),
+                       PromptMix(weight=1, prompt_tokens=TokenDist(mean=60), output_tokens=TokenDist(mean=8))],
+                  num_prompts=80, seed=1)
+    requests = generate_requests(spec, tok)
+    short = sum(r.prompt_tokens == 10 for r in requests)
+    assert {r.prompt_tokens for r in requests} == {10, 60}
+    assert 45 <= short <= 75
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def _export(path: Path, requests: list[tuple[int, list[int], list[int]]], bounds=None) -> None:
+    """requests: (send ns, response ns list, cumulative num_output_tokens per response)."""
+    exp = {"experiment": {"mode": "concurrency", "value": 2},
+           "requests": [{"timestamp": t0, "request_inputs": {}, "response_timestamps": ts,
+                         "response_outputs": [{"text_output": "x", "num_output_tokens": n, "num_input_tokens": 9}
+                                              for n in ns]} for t0, ts, ns in requests],
+           "window_boundaries": bounds or [0, 10**9]}
+    path.write_text(json.dumps({"experiments": [exp], "version": "2.51.0", "service_kind": "triton"}))
+
+
+def test_parse_level_computes_ttft_tpot_and_throughput(tmp_path):
+    ms = 10**6
+    # two requests: TTFT 10 ms and 20 ms; 5 tokens over 4 further responses 40 ms apart -> TPOT 10 ms
+    _export(tmp_path / "e.json", [(0, [10 * ms, 20 * ms, 30 * ms, 40 * ms, 50 * ms], [1, 2, 3, 4, 5]),
+                                  (100 * ms, [120 * ms, 200 * ms], [1, 9])])
+    (tmp_path / "c.csv").write_text(
+        "Concurrency,Inferences/Second,Response Throughput,Client Send,Network+Server Send/Recv,Server Queue,"
+        "Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,"
+        "p95 latency,p99 latency\n2,7.5,50,0,100,4,300,2000,500,0,60000,90000,95000,99000\n")
+    (tmp_path / "llm_v1.c.csv").write_text(
+        "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
+        "Server Compute Infer,Server Compute Output,Client Recv\n2,7.5,0,1,150,50,600,5,0\n")
+    r = parse_level(2, "concurrency", tmp_path / "c.csv", tmp_path / "e.json", fixed_count=True)
+    assert r.ok and r.requests == 2
+    assert r.ttft.p50 == pytest.approx(15.0) and r.ttft.max == pytest.approx(20.0)
+    assert r.tpot.avg == pytest.approx((10.0 + 10.0) / 2)  # (50-10)/4 and (200-120)/8
+    assert r.latency.max == pytest.approx(100.0)
+    assert r.throughput_rps == pytest.approx(2 / 0.2)  # fixed count: requests / (last response - first send)
+    assert r.pa_throughput_rps == 7.5
+    assert r.output_tokens_mean == 7 and r.prompt_tokens_mean == 9
+    assert r.server["compute_infer_us"] == 2000 and r.composing["llm"]["queue_us"] == 150
+    assert r.pa_latency_p99_ms == 99.0
+    # time windows: only requests sent inside the window count; throughput = completed in window / its length
+    _export(tmp_path / "w.json", [(0, [10 * ms, 50 * ms], [1, 2]), (60 * ms, [70 * ms, 90 * ms], [1, 2]),
+                                  (150 * ms, [160 * ms, 300 * ms], [1, 2])], bounds=[0, 100 * ms])
+    with open(tmp_path / "w.json", "rb") as f, gzip.open(tmp_path / "w.json.gz", "wb") as g:
+        g.write(f.read())
+    w = parse_level(2, "concurrency", tmp_path / "none.csv", tmp_path / "w.json.gz")
+    assert w.requests == 2 and w.throughput_rps == pytest.approx(2 / 0.1)
+
+
+def test_a_level_without_output_is_a_failure(tmp_path):
+    r = parse_level(1, "concurrency", tmp_path / "missing.csv", tmp_path / "missing.json")
+    assert not r.ok and "no measurement" in r.error
+
+
+# ---------------------------------------------------------------------------------------------- SLO
+
+
+def _result(level, ttft_p99, tpot_p99=5.0, ok=True, rps=10.0) -> LevelResult:
+    r = LevelResult(level=level, mode="concurrency", ok=ok, requests=10 if ok else 0, throughput_rps=rps)
+    r.ttft = Stats(count=10, p50=ttft_p99 / 2, p99=ttft_p99)
+    r.tpot = Stats(count=10, p50=tpot_p99 / 2, p99=tpot_p99)
+    r.latency = Stats(count=10, p50=100, p99=200)
+    if not ok:
+        r.error = "perf_analyzer exit 99"
+    return r
+
+
+def test_slo_checks_and_exit_codes():
+    s = SLO(at=[8], ttft_p99_ms=100, tpot_p99_ms=20)
+    ok = [_result(1, 500), _result(8, 80)]  # level 1 misses TTFT but the SLO only applies at 8
+    checks, missing = slo.check(s, ok)
+    assert all(c.ok for c in checks) and not missing and slo.exit_code(checks, ok) == slo.EXIT_OK
+    bad = [_result(1, 50), _result(8, 250, tpot_p99=25)]
+    checks, _ = slo.check(s, bad)
+    failed = {c.metric for c in checks if not c.ok}
+    assert failed == {"ttft_p99_ms", "tpot_p99_ms"} and slo.exit_code(checks, bad) == slo.EXIT_SLO_FAILED
+    assert "2.50x the limit" in slo.miss_ratio(next(c for c in checks if c.metric == "ttft_p99_ms"))
+    broken = [_result(1, 50), _result(8, 0, ok=False)]
+    checks, _ = slo.check(s, broken)
+    assert slo.exit_code(checks, broken) == slo.EXIT_SLO_FAILED  # a failed level fails its SLO
+    assert slo.exit_code([], [_result(1, 0, ok=False)]) == slo.EXIT_ERROR
+    checks, missing = slo.check(s, [_result(1, 50)])
+    assert missing == [8.0] and checks == []
+
+
+def test_wait_for_server_fails_fast_with_a_clear_message():
+    from loadtest.sweep import wait_for_server
+    from loadtest.tools import ToolError
+    from serving.launcher import free_port
+
+    with pytest.raises(ToolError, match="no ready Triton server"):
+        wait_for_server(f"localhost:{free_port()}", timeout_s=0.5)
+
+
+# ---------------------------------------------------------------------------------------------- trace
+
+
+def _trace_records() -> list[dict]:
+    ms = 10**6
+
+    def span(i, model, parent, **ts):
+        recs = [{"id": i, "model_name": model, "model_version": 1, "request_id": "1",
+                 **({"parent_id": parent} if parent else {})}]
+        recs += [{"id": i, "timestamps": [{"name": k, "ns": v}]} for k, v in ts.items()]
+        return recs
+
+    recs = span(1, "ensemble", None, REQUEST_START=0, QUEUE_START=0, REQUEST_END=200 * ms)
+    recs += span(2, "preprocessing", 1, REQUEST_START=1 * ms, QUEUE_START=1 * ms, COMPUTE_START=51 * ms,
+                 COMPUTE_END=53 * ms, REQUEST_END=53 * ms)
+    recs += span(3, "llm", 1, REQUEST_START=54 * ms, QUEUE_START=54 * ms, COMPUTE_START=54 * ms,
+                 COMPUTE_END=55 * ms, REQUEST_END=55 * ms)
+    for k, t in enumerate((75, 125, 198)):  # 3 responses: prefill ends at 75, decode until 198
+        recs += span(10 + k, "postprocessing", 1, REQUEST_START=t * ms, QUEUE_START=t * ms,
+                     COMPUTE_START=t * ms, COMPUTE_END=(t + 1) * ms, REQUEST_END=(t + 1) * ms)
+    return recs
+
+
+def test_trace_files_give_per_stage_times(tmp_path):
+    base = tmp_path / "trace.json"
+    recs = _trace_records()
+    (tmp_path / "trace.json.0").write_text(json.dumps(recs[:9]))  # a request split over two files
+    base.write_text(json.dumps(recs[9:]))
+    files = tracing.trace_files(base)
+    assert files == [tmp_path / "trace.json.0", base]
+    stages = tracing.request_stages(tracing.load_spans(files))
+    assert len(stages) == 1
+    s = stages[0]
+    assert s.pre_queue == pytest.approx(50) and s.pre_compute == pytest.approx(2)
+    assert s.engine_prefill == pytest.approx(20) and s.engine_decode == pytest.approx(123)
+    assert s.post_calls == 3 and s.post_busy_total == pytest.approx(3)
+    assert s.server_total == pytest.approx(200)
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+def test_metrics_deltas_with_and_without_the_engine_series():
+    before = metrics.parse('nv_inference_request_success{model="llm",version="1"} 10\n'
+                           'nv_inference_queue_duration_us{model="llm",version="1"} 1000\n'
+                           'nv_inference_count{model="llm",version="1"} 10\n'
+                           'nv_inference_exec_count{model="llm",version="1"} 10\n')
+    after = metrics.parse('# HELP x\nnv_inference_request_success{model="llm",version="1"} 30\n'
+                          'nv_inference_queue_duration_us{model="llm",version="1"} 5000\n'
+                          'nv_inference_count{model="llm",version="1"} 30\n'
+                          'nv_inference_exec_count{model="llm",version="1"} 20\n'
+                          'nv_cpu_utilization 0.5\n')
+    s = metrics.interval_summary(before, after)
+    assert s["models"]["llm"]["avg_queue_duration_us"] == pytest.approx(200)
+    assert s["models"]["llm"]["avg_batch_size"] == pytest.approx(2)
+    assert "engine_histograms" not in s  # custom series absent: no error, no key
+    hist = metrics.parse('llm_time_to_first_token_seconds_bucket{le="0.01"} 50\n'
+                         'llm_time_to_first_token_seconds_bucket{le="0.1"} 90\n'
+                         'llm_time_to_first_token_seconds_bucket{le="+Inf"} 100\n'
+                         'llm_time_to_first_token_seconds_count 100\nllm_time_to_first_token_seconds_sum 3\n')
+    h = metrics.interval_summary({}, hist)["engine_histograms"]["llm_time_to_first_token_seconds"]
+    assert h["count"] == 100 and h["avg_ms"] == pytest.approx(30) and h["p50_ms"] == pytest.approx(10)
+    assert metrics.scrape("http://localhost:1/metrics") == {}
+
+
+# ---------------------------------------------------------------------------------------------- diagnosis
+
+
+def test_advice_names_the_queue_and_its_batcher_delay():
+    stages = {"client/network": 1.0, "ensemble queue": 0.0, "preprocessing queue": 300.0,
+              "preprocessing compute": 2.0, "llm queue": 0.1, "llm enqueue (execute)": 0.5,
+              "engine wait + prefill": 10.0, "engine decode": 40.0, "postprocessing queue (last response)": 0.1,
+              "postprocessing compute (last response)": 1.0, "triton other (hand-offs)": 0.1}
+    layers = layers_of(stages)
+    assert max(layers, key=layers.get) == "queue"
+    config = {"preprocessing": {"instances": 1, "max_queue_delay_us": 300000, "preferred_batch_sizes": [8]}}
+    r = _result(2, 50)
+    advice = advise(layers, stages, r, {}, config, {"max_batch_size": 8}, 2, {})
+    assert "preprocessing queue" in advice[0] and "max_queue_delay_us=300000" in advice[0]
+    stages.update({"preprocessing queue": 0.1, "engine decode": 400.0})
+    advice = advise(layers_of(stages), stages, r, {"nv_cpu_utilization": {"mean": 0.2, "max": 0.3}}, config, {}, 1, {})
+    assert "decoding dominates" in advice[0] and any("feeding path" in a for a in advice)
+
+
+# ---------------------------------------------------------------------------------------------- autotuner
+
+
+def test_tuner_picks_the_fastest_configuration_that_meets_the_slo(tmp_path, engine_dir, tiny_checkpoint):
+    from loadtest.tune import TuneOptions, run_tune
+
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({
+        "name": "t", "engine_dir": str(engine_dir), "tokenizer_dir": str(tiny_checkpoint), "max_batch_size": 8,
+        "postprocessing": {"instances": 1, "batcher": {"max_queue_delay_us": 0}}}))
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"dimensions": {"postprocessing.instances": [1, 2, 4],
+                                                    "postprocessing.batcher.max_queue_delay_us": [0, 500],
+                                                    "engine.max_batch_size": [8, 16]}, "min_gain": 0.0},
+                                    sort_keys=False))  # dimension order = search order
+    profile = tmp_path / "load.yaml"
+    profile.write_text(LoadProfile(name="tl", load=Load(levels=[2, 4]), inputs=Inputs(
+        prompt_tokens=TokenDist(mean=8), output_tokens=TokenDist(mean=4)), measurement=Measurement(request_count=4),
+        slo=SLO(latency_p99_ms=1000)).to_yaml())
+    seen = []
+
+    def fake(candidate, serving, work):
+        """More postprocessing instances: faster; 4 instances: fastest but over the latency SLO."""
+        seen.append((dict(candidate.settings), serving["postprocessing"]["instances"]))
+        n = serving["postprocessing"]["instances"]
+        out = []
+        for level in (2, 4):
+            r = _result(level, 10, rps=level * n)
+            r.latency = Stats(count=4, p50=100, p99=2000 if n == 4 else 100 * level)
+            out.append(r)
+        return out
+
+    outcome = run_tune(TuneOptions(profile=str(profile), space=space, base_profile=base, budget_s=60,
+                                   max_candidates=10, out_dir=tmp_path / "out", progress=False), evaluate=fake)
+    assert outcome.exit_code == 0
+    assert outcome.chosen is not None and outcome.chosen.changed == {"postprocessing.instances": 2}
+    assert outcome.chosen.score == 8 and outcome.chosen.best_level == 4
+    assert seen[0][1] == 1  # the base first
+    assert all(s[1] == 2 for s in seen[3:])  # the winner is kept while the other dimensions are tried
+    chosen = yaml.safe_load((tmp_path / "out" / "chosen-profile.yaml").read_text())
+    assert chosen["postprocessing"]["instances"] == 2
+    from builders.profile import ServingProfile
+
+    ServingProfile.model_validate(chosen)  # usable by `python -m builders repository`
+    assert (tmp_path / "out" / "frontier.png").stat().st_size > 1000
+    assert "**chosen**" in (tmp_path / "out" / "report.md").read_text()
+    # a budget smaller than one candidate's cost stops after the base
+    import time
+
+    def slow(candidate, serving, work):
+        time.sleep(0.05)
+        return fake(candidate, serving, work)
+
+    short = run_tune(TuneOptions(profile=str(profile), space=space, base_profile=base, budget_s=0.07,
+                                 out_dir=tmp_path / "short", progress=False), evaluate=slow)
+    assert len(short.candidates) == 1 and "budget" in short.stopped_because
