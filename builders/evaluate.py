@@ -20,6 +20,7 @@ from tqdm import tqdm
 from cpu_engine import load_engine
 from cpu_engine.engine_dir import WEIGHTS_FILE
 from cpu_engine.kv_cache import KVCache
+from serving.machine import cpu_model
 
 from .cpu_build import VARIANTS, BuildLimits, build_cpu_engine
 from .default_model import corpus_files
@@ -85,16 +86,6 @@ def evaluate(checkpoint: Path, engines_root: Path, variants=VARIANTS, seq_len: i
                                       100 * (ppl - base) / base, agree, kl,
                                       (engine_dir / WEIGHTS_FILE).stat().st_size, loaded.load_seconds))
     return results
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def to_markdown(results: list[VariantQuality], command: str, windows: int, seq_len: int) -> str:

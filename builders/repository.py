@@ -33,13 +33,16 @@ def model_configs(profile: ServingProfile):
     ]
 
 
-def render_repository(profile: ServingProfile, out_dir: str | Path) -> Path:
-    """Write ``out_dir`` from scratch: a stale model left from another profile must not be served."""
+def render_repository(profile: ServingProfile, out_dir: str | Path, configs=None) -> Path:
+    """Write ``out_dir`` from scratch: a stale model left from another profile must not be served.
+
+    ``configs`` (name, source folder, ModelConfig) defaults to :func:`model_configs` of the profile.
+    """
     profile = profile.resolved()
     out_dir = Path(out_dir)
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    for name, source, config in model_configs(profile):
+    for name, source, config in configs if configs is not None else model_configs(profile):
         version_dir = out_dir / name / "1"
         version_dir.mkdir(parents=True)
         if source is not None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from serving.machine import cpu_model
+
 from .results import LevelResult
 from .spec import PROJECT_ROOT, level_str, load_profile
 from .sweep import RESULTS_DIR, git_describe, loadavg
@@ -152,7 +154,7 @@ def run_serving_report(opts: ServingReportOptions) -> int:
             server.stop()
     meta = {"started": started, "wall_s": time.monotonic() - t0, "loadavg_before": load_before,
             "loadavg_after": loadavg(), "git": git_describe(), "cpus": os.cpu_count(),
-            "cpu_model": _cpu_model(), "python": platform.python_version(), "url": opts.url or "own server",
+            "cpu_model": cpu_model(), "python": platform.python_version(), "url": opts.url or "own server",
             "command": opts.command}
     doc = document(opts, profile, sweep, diag, loc, genai, meta, config, engine_cfg, serving_profile)
     opts.doc.parent.mkdir(parents=True, exist_ok=True)
@@ -160,16 +162,6 @@ def run_serving_report(opts: ServingReportOptions) -> int:
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"report-serving: wrote {opts.doc} and {out}")
     return EXIT_ERROR if all(not r.ok for r in sweep.results) else 0
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
 
 
 def document(opts, profile, sweep, diag, loc, genai, meta, config, engine_cfg, serving_profile) -> str:

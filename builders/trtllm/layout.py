@@ -200,19 +200,9 @@ def model_configs_trtllm(profile: ServingProfile, options: TrtllmOptions | None 
 def render_trtllm_repository(profile: ServingProfile, out_dir: str | Path, options: TrtllmOptions | None = None,
                              engine_cfg: dict | None = None) -> Path:
     """Write the GPU repository (what ``render_repository`` does once it dispatches on target trtllm)."""
-    import shutil
+    from ..repository import render_repository
 
-    profile = profile.resolved()
-    out_dir = Path(out_dir)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    for name, source, config in model_configs_trtllm(profile, options, engine_cfg):
-        version_dir = out_dir / name / "1"
-        version_dir.mkdir(parents=True)
-        if source is not None:
-            shutil.copy2(MODEL_SOURCES / source / "1" / "model.py", version_dir / "model.py")
-        (out_dir / name / "config.pbtxt").write_text(tc.to_pbtxt(config))
-    return out_dir
+    return render_repository(profile, out_dir, model_configs_trtllm(profile.resolved(), options, engine_cfg))
 
 
 # ---------------------------------------------------------------------------------------------- launch
