@@ -79,8 +79,11 @@ def test_headless_locust_reports_ttft_and_no_failures(triton, tiny_checkpoint, t
 
 
 def test_diagnose_names_the_dominant_stage_of_a_slowed_configuration(test_profile, tmp_path):
-    """Preprocessing's dynamic batcher is told to hold requests 250 ms for a batch of 8: at 2 streams every
-    request waits there, which must come out as the dominant layer, with advice about that setting."""
+    """Preprocessing's dynamic batcher is told to hold requests 250 ms for a batch of 8: at 1 stream every
+    request waits there, which must come out as the dominant layer, with advice about that setting.
+
+    (At 2 streams, the last postprocessing call of some requests also waited ~250-500 ms in Triton's queue
+    in traces, which made the dominant stage flip between runs; see the note on issue 5.)"""
     from builders.profile import DynamicBatcher, Stage
     from builders.repository import render_repository
     from loadtest.diagnose import DiagnoseOptions, run_diagnose
@@ -88,7 +91,7 @@ def test_diagnose_names_the_dominant_stage_of_a_slowed_configuration(test_profil
     slow = test_profile.model_copy(update={"preprocessing": Stage(instances=1, batcher=DynamicBatcher(
         max_queue_delay_us=250_000, preferred_batch_sizes=[8], max_queue_size=64))})
     repo = render_repository(slow, tmp_path / "repo")
-    d = run_diagnose(DiagnoseOptions(repository=repo, concurrency=2, requests=4, max_tokens=4, prompt_tokens=12,
+    d = run_diagnose(DiagnoseOptions(repository=repo, concurrency=1, requests=4, max_tokens=4, prompt_tokens=12,
                                      out_dir=tmp_path / "diag", server_ready_timeout_s=240))
     assert d.source.startswith("Triton trace")
     assert d.dominant_layer == "queue" and d.dominant_stage == "preprocessing queue"
