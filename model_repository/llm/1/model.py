@@ -39,7 +39,7 @@ class _Stream:
     client_id: str = ""
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
-    collected: list[int] = field(default_factory=list)
+    ready: list[int] = field(default_factory=list)  # complete-text token ids not sent yet
 
 
 class TritonPythonModel:
@@ -155,40 +155,58 @@ class TritonPythonModel:
 
     # ---- responses (sender thread) ------------------------------------------------------------------
     def _send_loop(self):
-        while True:
-            event = self._events.get()
-            if event is None:
-                return
-            try:
-                self._handle(event)
-            except Exception as exc:  # a failed send (client gone) must not stop the other streams
-                pb_utils.Logger.log_error(f"sending a response failed: {exc}")
+        stop = False
+        while not stop:
+            events = [self._events.get()]
+            while True:
+                try:
+                    events.append(self._events.get_nowait())
+                except queue.Empty:
+                    break
+            # Tokens that arrived together leave together: under load one response carries several tokens,
+            # so responses (and postprocessing calls) per second do not grow with the number of streams.
+            pending: dict[str, tuple[_Stream, TokenEvent]] = {}
+            finished = False
+            for event in events:
+                if event is None:
+                    stop = True
+                    continue
+                stream = self._streams.get(event.request_id)
+                if stream is None:
+                    continue
+                self._take(stream, event)
+                if event.finish_reason is None:
+                    pending[event.request_id] = (stream, event)
+                else:
+                    pending.pop(event.request_id, None)
+                    finished = True
+                    self._finish(stream, event)
+            for stream, event in pending.values():
+                if stream.streaming and stream.ready:
+                    ids, stream.ready = stream.ready, []
+                    self._send(stream, ids, event, final=False)
             self.metrics.update_gauges(self.engine.queued, self.engine.active, self.engine.kv_occupancy,
-                                       force=event.finish_reason is not None)
+                                       force=finished)
 
-    def _handle(self, event: TokenEvent):
-        stream = self._streams.get(event.request_id)
-        if stream is None:
+    def _take(self, stream: _Stream, event: TokenEvent):
+        if event.token_id is None:
             return
-        chunk: list[int] = []
-        if event.token_id is not None:
-            if stream.first_token is None:
-                stream.first_token = time.monotonic()
-            if stream.streaming:
-                chunk = stream.chunker.push(event.token_id) or []
-            else:
-                stream.collected.append(event.token_id)
-        if event.finish_reason is None:
-            if chunk:
-                self._send(stream, chunk, event, final=False)
-            return
+        if stream.first_token is None:
+            stream.first_token = time.monotonic()
+        if stream.streaming:
+            stream.ready += stream.chunker.push(event.token_id) or []
+        else:
+            stream.ready.append(event.token_id)
+
+    def _finish(self, stream: _Stream, event: TokenEvent):
         self._forget(event.request_id)
-        rest = chunk + stream.chunker.flush() if stream.streaming else stream.collected
-        self._send(stream, rest, event, final=True)
+        rest = stream.ready + (stream.chunker.flush() if stream.streaming else [])
         self.metrics.request_finished(event.finish_reason.value, stream.arrival, stream.first_token,
                                       time.monotonic(), event.num_input_tokens, event.num_output_tokens)
+        self._send(stream, rest, event, final=True)
 
     def _send(self, stream: _Stream, ids: list[int], event: TokenEvent, final: bool):
+        """Send one response; a failed send (the client has gone) must not stop the other streams."""
         if stream.echo_ids:
             ids, stream.echo_ids = stream.echo_ids + ids, []
         reason = event.finish_reason.value if final else ""
@@ -199,7 +217,10 @@ class TritonPythonModel:
             pb_utils.Tensor("num_input_tokens", np.array([[event.num_input_tokens]], dtype=np.int32)),
             pb_utils.Tensor("num_output_tokens", np.array([[event.num_output_tokens]], dtype=np.int32)),
         ])
-        stream.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+        try:
+            stream.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+        except Exception as exc:
+            pb_utils.Logger.log_error(f"sending a response failed: {exc}")
 
     def finalize(self):
         # Drain: requests already accepted finish (up to the timeout) before the process exits.
