@@ -1,0 +1,86 @@
+"""The llama.cpp peer of the engine benchmark. Runs in the llama-cpp venv (build/tools/llama-cpp), not the project's.
+
+Standalone on purpose (no project imports, no torch): it reads one JSON job on stdin and writes one JSON result
+to the file named by its argument. Jobs:
+
+* ``{"op": "quantize", "src": F32.gguf, "dst": Q8_0.gguf, "ftype": "q8_0", "threads": 2}`` — llama.cpp's own
+  ``llama_model_quantize`` (what ``llama-quantize`` runs).
+* ``{"op": "run", "gguf": path, "threads": 2, "n_ctx": 1024, "new_tokens": N, "warmup": 1,
+  "requests": [{"ids": [...]}, ...], "tokenize": ["text", ...]}`` — greedy decoding of each request, one at a
+  time (llama-cpp-python's ``Llama`` holds one sequence), the end-of-sequence token masked so every request
+  gives exactly ``new_tokens`` tokens (the ``min_tokens`` semantics the other peers use). Prompts are token ids,
+  so every peer sees the same prompt; ``tokenize`` texts come back tokenised by the GGUF's own tokenizer, to
+  check its BPE metadata against Hugging Face's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def quantize(job: dict) -> dict:
+    import llama_cpp
+
+    ftypes = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16}
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftypes[job["ftype"]]
+    params.nthread = int(job.get("threads", 2))
+    start = time.perf_counter()
+    rc = llama_cpp.llama_model_quantize(job["src"].encode(), job["dst"].encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize returned {rc}")
+    return {"seconds": time.perf_counter() - start}
+
+
+def run(job: dict) -> dict:
+    import llama_cpp
+
+    threads = int(job.get("threads", 2))
+    start = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=job["gguf"], n_ctx=int(job.get("n_ctx", 1024)), n_batch=512,
+                          n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
+    load_s = time.perf_counter() - start
+    n_vocab, eos = llm.n_vocab(), llm.token_eos()
+    new_tokens = int(job["new_tokens"])
+
+    def greedy(ids: list[int]) -> dict:
+        llm.reset()
+        t0 = time.perf_counter()
+        out, times = [], []
+        llm.eval(ids)
+        while True:
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+            masked = logits.copy()
+            if 0 <= eos < n_vocab:
+                masked[eos] = -np.inf
+            token = int(np.argmax(masked))
+            out.append(token)
+            times.append(time.perf_counter())
+            if len(out) >= new_tokens:
+                break
+            llm.eval([token])
+        return {"tokens": out, "start": t0, "times": times}
+
+    for _ in range(int(job.get("warmup", 1))):
+        greedy(job["requests"][0]["ids"][:8])
+    results = [greedy(r["ids"]) for r in job["requests"]]
+    tokenized = [llm.tokenize(t.encode("utf-8"), add_bos=True, special=False) for t in job.get("tokenize", [])]
+    return {"load_s": load_s, "results": results, "tokenized": tokenized,
+            "version": llama_cpp.__version__, "system_info": llama_cpp.llama_print_system_info().decode()}
+
+
+def main() -> None:
+    job = json.loads(sys.stdin.read())
+    result = {"quantize": quantize, "run": run}[job["op"]](job)
+    # A file, not stdout: llama.cpp may print to stdout itself.
+    with open(sys.argv[1], "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""bench/engine_report.py and the benchmark's small helpers: targets are computed from the records as the issue
+defines them, and the report renders from a JSON like the one the benchmark writes."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.engine_bench import agreement, parse_args, pct
+from bench.engine_report import compute_targets, write_markdown
+
+
+def _records():
+    def s(peer, variant, c, tok_s, model="llama-100m"):
+        return {"model": model, "peer": peer, "variant": variant, "mode": "streams", "streams": c,
+                "agg_tok_s": tok_s, "ttft_p50_ms": 10.0, "foreign_cores": 0.0}
+
+    def b1(peer, variant, tok_s, model="llama-100m"):
+        return {"model": model, "peer": peer, "variant": variant, "mode": "b1", "ttft_ms": 5.0,
+                "decode_tok_s": tok_s, "foreign_cores": 0.1}
+
+    return [s("hf", "fp32", 1, 20.0), s("triton", "fp32", 1, 40.0), s("triton", "fp32", 16, 300.0),
+            s("engine", "fp32", 1, 45.0), s("engine", "fp32", 16, 320.0),
+            b1("engine", "fp32", 40.0), b1("engine", "int8_wo", 100.0), b1("llama.cpp", "Q8_0", 125.0),
+            b1("hf", "fp32", 22.0)]
+
+
+def test_targets_follow_the_issue():
+    by_name = {t["target"]: t for t in compute_targets(_records(), {})}
+    assert len(by_name) == 5
+    scaling = by_name["Triton 16 streams ≥ 6× Triton 1 stream"]
+    assert scaling["value"] == pytest.approx(7.5) and scaling["met"]
+    vs_hf = by_name["Triton 16 streams ≥ 10× HF generate (fp32) one at a time"]
+    assert vs_hf["value"] == pytest.approx(15.0) and vs_hf["met"]
+    served = by_name["Triton-served ≥ 0.9× in-process at 16 streams"]
+    assert served["value"] == pytest.approx(300 / 320) and served["met"]
+    wo = by_name["int8-wo ≥ 2× fp32, batch-1 decode"]
+    assert wo["value"] == pytest.approx(2.5) and wo["met"]
+    cpp = by_name["int8-wo ≥ 1.0× llama.cpp Q8_0, batch-1 decode"]
+    assert cpp["value"] == pytest.approx(0.8) and not cpp["met"] and cpp["shortfall_pct"] == pytest.approx(20.0)
+
+
+def test_report_renders(tmp_path):
+    records = _records()
+    data = {"meta": {"command": "python -m bench.engine_bench", "started": "2026-12-02T00:00:00", "duration_s": 60,
+                     "load_start": [0.1, 0.2, 0.3], "load_end": [0.4, 0.5, 0.6],
+                     "options": {"new_tokens": 128, "b1_reps": 3, "requests_per_stream": 2},
+                     "machine": {"cpu": "cpu", "cores": 2, "isa": ["avx512f"], "memory_gb": 24, "os": "linux",
+                                 "versions": {"torch": "2.13.0"}, "git": "abc", "threads": 2}},
+            "models": {"llama-100m": {"checkpoint": "build/bench/models/llama-100m", "params": 96e6,
+                                      "random_weights": True, "prompt_tokens_mean": 48, "config": {}}},
+            "records": records, "targets": compute_targets(records, {}),
+            "agreement": [{"model": "llama-100m", "peer": "engine", "variant": "fp32", "exact": 3, "of": 3,
+                           "mean_prefix": 1.0}],
+            "skipped": [{"peer": "llama.cpp", "reason": "not installed"}], "llama_cpp": {}}
+    text = write_markdown(data, tmp_path / "engine.md").read_text()
+    assert "| engine in-process | fp32 | 5.0 | 40.0 | 45.0 | 320.0 | 10 |" in text
+    assert "**random weights**" in text
+    assert "**no** (20% short)" in text
+    assert "llama.cpp: not installed" in text
+    assert "load average (1/5/15 min) | start 0.10/0.20/0.30, end 0.40/0.50/0.60" in text
+
+
+def test_helpers():
+    assert agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 0, 6]]) == {"exact": 1, "of": 2,
+                                                                        "mean_prefix": pytest.approx((1 + 1 / 3) / 2)}
+    assert pct([3.0, 1.0, 2.0], 0.5) == 2.0
+    quick = parse_args(["--quick"])
+    assert quick.models == ["default"] and quick.streams == [1, 16] and quick.new_tokens == 32
+    full = parse_args([])
+    assert full.streams == [1, 4, 8, 16] and full.variants == ["fp32", "bf16", "int8_wo", "int8_sq", "fp8"]
+    with pytest.raises(SystemExit):
+        parse_args(["--variants", "fp16"])
