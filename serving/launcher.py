@@ -36,7 +36,7 @@ DEFAULT_BACKEND_WORK_DIR = PROJECT_ROOT / "build" / "triton_backends"
 PORT_ENV = {"http_port": "HTTP_PORT", "grpc_port": "GRPC_PORT", "metrics_port": "METRICS_PORT"}
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 # APIs that can change what is served or map client memory: usable only with the admin-key header.
-RESTRICTED_APIS = "model-repository,shared-memory"
+RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
 
 
 class ServerStartError(RuntimeError):

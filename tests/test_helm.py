@@ -531,9 +531,13 @@ def test_policies(rendered, profile):
         assert f"--exit-timeout-secs={drain['exitTimeoutSeconds']}" in args[:args.index("--")]
         assert f"--ready-timeout={values['probes']['startup']['maxStartupSeconds']}" in args[:args.index("--")]
     # Admin APIs behind the key, which comes from a Secret (never a literal in the manifest). The entry points
-    # restrict model-repository and shared-memory themselves (tests/test_helm_live.py runs the CPU one).
+    # restrict model-repository, shared-memory, trace and logging themselves (serving.launcher.RESTRICTED_APIS;
+    # tests/test_helm_live.py runs the CPU one), so the chart must not repeat them (Triton refuses duplicates).
+    from serving.launcher import RESTRICTED_APIS
+
+    assert set(values["server"]["restrictedApis"]) <= set(RESTRICTED_APIS.split(","))
     restricted = [a for a in extra if a.startswith(("--http-restricted-api=", "--grpc-restricted-protocol="))]
-    assert len(restricted) == 2 and all(a.endswith("trace,logging:admin-key=$(TRITON_ADMIN_KEY)") for a in restricted)
+    assert restricted == []
     key_env = next(e for e in server["env"] if e["name"] == "TRITON_ADMIN_KEY")
     assert "secretKeyRef" in key_env["valueFrom"]
 
@@ -677,8 +681,8 @@ def test_gpu_args_are_what_the_gpu_entrypoint_takes(rendered, tmp_path):
     cmd = proc.stdout.split()
     for flag in ("--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--exit-timeout-secs=30",
                  "--model-control-mode=none", "--strict-readiness=true", "--allow-metrics=true",
-                 "--http-restricted-api=model-repository,shared-memory:admin-key=***",
-                 "--http-restricted-api=trace,logging:admin-key=***", "--metrics-config=histogram_latencies=true",
+                 "--http-restricted-api=model-repository,shared-memory,trace,logging:admin-key=***",
+                 "--metrics-config=histogram_latencies=true",
                  "--trace-config=mode=opentelemetry", "--allow-gpu-metrics=true"):
         assert flag in cmd, (flag, proc.stdout)
     assert Path(cmd[0]).name == "tritonserver"

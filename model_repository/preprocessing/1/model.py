@@ -45,7 +45,8 @@ class TritonPythonModel:
         return responses
 
     def _words(self, row) -> np.ndarray:
-        ids = [self.tokenizer.encode(w, add_special_tokens=False) for w in _texts(row) if w]
+        ids = [self.tokenizer(w, add_special_tokens=False, split_special_tokens=True).input_ids
+               for w in _texts(row) if w]
         return to_word_list([w for w in ids if w])[None]
 
     def _preprocess(self, request):
@@ -62,7 +63,8 @@ class TritonPythonModel:
         max_tokens = scalar(request, "max_tokens", int)
         if max_tokens is None:
             raise RequestError("max_tokens is required")
-        input_ids = self.tokenizer.encode(prompt)
+        # Text that looks like a control token ("</s>") is text: only the tokenizer's own BOS is special.
+        input_ids = self.tokenizer(prompt, split_special_tokens=True).input_ids
         check_lengths(len(input_ids), max_tokens, self.max_input_len, self.max_seq_len)
         min_tokens = scalar(request, "min_tokens", int) or 0
         check_min_tokens(min_tokens, max_tokens)
