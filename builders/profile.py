@@ -28,10 +28,10 @@ class DynamicBatcher(_Strict):
 
 
 class Stage(_Strict):
-    """A Python-backend stage (tokeniser, detokeniser): instances and batching."""
+    """A Python-backend stage (tokeniser, detokeniser): instances and batching (None: no dynamic batcher)."""
 
     instances: int = Field(1, ge=1)
-    batcher: DynamicBatcher = DynamicBatcher()
+    batcher: DynamicBatcher | None = DynamicBatcher()
 
 
 class LLMStage(_Strict):
@@ -51,7 +51,8 @@ class ServingProfile(_Strict):
     max_batch_size: int = Field(32, ge=1, description="Triton max_batch_size of the text stages and ensemble")
     llm_model_name: str = "llm"
     preprocessing: Stage = Stage()
-    postprocessing: Stage = Stage()
+    # No batcher by default: see the note in builders/profiles/cpu.yaml (abandoned streams stay in flight).
+    postprocessing: Stage = Stage(batcher=None)
     llm: LLMStage = LLMStage()
 
     @model_validator(mode="after")

@@ -91,14 +91,16 @@ def preprocessing_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
                         p.preprocessing.instances,
                         {"tokenizer_dir": p.tokenizer_dir, "max_input_len": limits["max_input_len"],
                          "max_seq_len": limits["max_seq_len"]})
-    cfg.dynamic_batching.CopyFrom(_batcher(p.preprocessing.batcher))
+    if p.preprocessing.batcher is not None:
+        cfg.dynamic_batching.CopyFrom(_batcher(p.preprocessing.batcher))
     return cfg
 
 
 def postprocessing_config(p: ServingProfile) -> mc.ModelConfig:
     cfg = _python_model("postprocessing", p.max_batch_size, LLM_OUTPUTS, ENSEMBLE_OUTPUTS,
                         p.postprocessing.instances, {"tokenizer_dir": p.tokenizer_dir})
-    cfg.dynamic_batching.CopyFrom(_batcher(p.postprocessing.batcher))
+    if p.postprocessing.batcher is not None:
+        cfg.dynamic_batching.CopyFrom(_batcher(p.postprocessing.batcher))
     return cfg
 
 

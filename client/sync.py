@@ -67,7 +67,8 @@ class LLMClient:
         self.model = model
         self.stop_model = stop_model
         self._timeout = timeout
-        self._grpc = grpcclient.InferenceServerClient(url)
+        self._client_factory = grpcclient.InferenceServerClient
+        self._grpc = self._client_factory(url)
         self._busy = threading.Lock()
 
     def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
@@ -140,16 +141,21 @@ class LLMClient:
             self._busy.release()
 
     def _stop_on_server(self, request_id: str) -> None:
-        """Best effort: the request may already have ended (then the model answers "no running request")."""
+        """Best effort: the request may already have ended (then the model answers "no running request").
+
+        A client of its own, so the stop never waits on (or fails with) the stream being torn down.
+        """
         if self.stop_model is None:
             return
         done = threading.Event()
+        stopper = self._client_factory(self.url)
         try:
-            self._grpc.start_stream(callback=lambda result, error: done.set())
-            self._grpc.async_stream_infer(self.stop_model, stop_inputs(), request_id=request_id,
-                                          enable_empty_final_response=True)
+            stopper.start_stream(callback=lambda result, error: done.set())
+            stopper.async_stream_infer(self.stop_model, stop_inputs(), request_id=request_id,
+                                       enable_empty_final_response=True)
             done.wait(_CALLBACK_GRACE_S)
         except InferenceServerException:
             pass
         finally:
-            self._grpc.stop_stream()
+            stopper.stop_stream()
+            stopper.close()

@@ -195,6 +195,7 @@ STREAM_SCRIPT = [(response(b"Hel", n_out=1), None), (response(b"lo", n_out=2), N
 def fake_client(script) -> tuple[LLMClient, FakeStreamClient]:
     llm = LLMClient("fake:1")
     llm._grpc = fake = FakeStreamClient(script)
+    llm._client_factory = lambda url: fake  # the stop request's own client
     return llm, fake
 
 

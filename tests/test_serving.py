@@ -49,6 +49,8 @@ def test_rendered_configs_parse_and_have_no_placeholders(model_repository):
     assert llm.model_transaction_policy.decoupled
     pre = parse_pbtxt((model_repository / "preprocessing" / "config.pbtxt").read_text())
     assert pre.dynamic_batching.default_queue_policy.max_queue_size == 128
+    post = parse_pbtxt((model_repository / "postprocessing" / "config.pbtxt").read_text())
+    assert not post.HasField("dynamic_batching")  # see builders/profiles/cpu.yaml
 
 
 def test_health_and_metadata(triton):
