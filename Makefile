@@ -15,7 +15,7 @@ ENGINE_DIR := build/engines/default-fp32
 REPOSITORY := build/model_repository
 PROFILE := builders/profiles/cpu.yaml
 
-.PHONY: help venv model engine repository serve test helm-check clean loadtest-tools benchmark
+.PHONY: help venv model engine repository serve test helm-check clean loadtest-tools benchmark bench-engine llama-cpp
 
 help:
 	@echo "make serve   build (cached) and run tritonserver: HTTP $(HTTP_PORT), gRPC $(GRPC_PORT), metrics $(METRICS_PORT)"
@@ -61,6 +61,16 @@ loadtest-tools: $(VENV)/.installed
 # Measure the default model on its own server (free ports) and rewrite docs/benchmarks/serving.md (~2-3 min).
 benchmark: $(ENGINE_DIR)/config.json
 	$(PY) -m loadtest report-serving
+
+# llama-cpp-python 0.3.36 from its sdist (CPU, native ISA) into build/tools/llama-cpp: ~5-10 min, once.
+llama-cpp:
+	bench/llama_cpp_setup.sh
+
+# CPU engine vs HF generate, Triton and llama.cpp on the same weights: rewrites docs/benchmarks/engine.md/.json/.png
+# (~20-30 min on 2 cores; needs an idle machine). BENCH_ARGS=--quick: ~1.5 min, report in build/bench/report/.
+bench-engine: $(VENV)/.installed $(MODEL_DIR)/model.safetensors
+	-bench/llama_cpp_setup.sh >/dev/null
+	$(PY) -m bench.engine_bench $(BENCH_ARGS)
 
 # The Helm chart (also part of `make test`): tools into build/tools and the venv, then its tests.
 helm-check: $(VENV)/.installed

@@ -184,6 +184,11 @@ def write_markdown(data: dict, out: Path) -> Path:
             what = " ".join(str(s[k]) for k in ("model", "peer", "variant") if k in s)
             L.append(f"- {what}: {s['reason']}")
         L.append("")
+    for f in meta.get("failed_remeasurements") or []:
+        L.append(f"- Re-measuring {f['model']} {f['peer']} {f['variant']} failed ({f['reason'].splitlines()[0]}); "
+                 "its first attempt stands.")
+    if meta.get("failed_remeasurements"):
+        L.append("")
     if data.get("superseded_noisy_attempts"):
         L += [f"{len(data['superseded_noisy_attempts'])} measurement(s) were repeated because other processes used "
               "the CPU meanwhile; the quieter attempt is shown, both are in the JSON.", ""]

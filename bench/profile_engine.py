@@ -144,7 +144,6 @@ def main(argv: list[str] | None = None) -> None:
     driver.run(a.streams, 1, prompt_ids, 8)  # warm-up
     steps.clear()
     forwards.clear()
-    start = time.perf_counter()
     reqs, wall = driver.run(a.streams, 1, prompt_ids, a.new_tokens)
     tokens = sum(len(r.tokens) for r in reqs)
     decode_rows = a.streams
