@@ -9,14 +9,11 @@ gauges) are used when the server exports them and simply absent from the result 
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
-import urllib.request
 from collections import defaultdict
 
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+from serving.prometheus import Samples, parse, scrape  # noqa: F401 (re-exported for loadtest users)
 
 NV_COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
                "nv_inference_exec_count", "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
@@ -26,35 +23,6 @@ ENGINE_HISTOGRAMS = ("llm_time_to_first_token_seconds", "llm_time_per_output_tok
                      "llm_e2e_request_latency_seconds")
 SAMPLED_GAUGES = ("nv_cpu_utilization", "llm_engine_queued_requests", "llm_engine_active_slots",
                   "llm_engine_kv_cache_occupancy", "nv_inference_pending_request_count")
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def parse(text: str) -> Samples:
-    out: Samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        labels = tuple(sorted(_LABEL.findall(m.group(3) or "")))
-        try:
-            out[(m.group(1), labels)] = float(m.group(4))
-        except ValueError:
-            continue
-    return out
-
-
-def scrape(url: str | None, timeout: float = 3.0) -> Samples:
-    """Samples from a metrics URL; empty when there is no URL or it does not answer (metrics are optional)."""
-    if not url:
-        return {}
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return parse(r.read().decode("utf-8", "replace"))
-    except (OSError, ValueError):
-        return {}
 
 
 def _by_model(samples: Samples, name: str) -> dict[str, float]:

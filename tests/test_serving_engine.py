@@ -15,7 +15,7 @@ from builders.profile import LLMStage, ServingProfile
 from builders.repository import render_repository
 from client import AsyncLLMClient, GenerationError, LLMClient, SamplingParams
 from serving.launcher import ServerConfig, TritonServer
-from tests.metrics_text import scrape, value
+from serving.prometheus import fetch, total
 from tests.triton_helpers import stream_request, text_inputs, texts
 
 
@@ -80,40 +80,40 @@ def test_cli_streams_text_and_reports_ttft(triton):
 
 def test_cancelled_streams_free_their_slots(triton):
     metrics = triton.urls.metrics
-    before = value(scrape(metrics), "llm_requests_finished_total", reason="cancelled")
+    before = total(fetch(metrics), "llm_requests_finished_total", reason="cancelled")
     with LLMClient(triton.urls.grpc) as client:
         for _ in range(3):
             stream = client.stream("def f(x):", SamplingParams(max_tokens=200))
             next(stream)
             stream.close()  # cancels the request mid-stream
-    wait_for(lambda: value(scrape(metrics), "llm_requests_finished_total", reason="cancelled") >= before + 3,
+    wait_for(lambda: total(fetch(metrics), "llm_requests_finished_total", reason="cancelled") >= before + 3,
              what="three cancelled requests")
-    wait_for(lambda: value(scrape(metrics), "llm_engine_active_slots") == 0, what="slots freed")
+    wait_for(lambda: total(fetch(metrics), "llm_engine_active_slots") == 0, what="slots freed")
     with LLMClient(triton.urls.grpc) as client:  # later requests are unaffected
         assert client.generate("def f(x):", SamplingParams(max_tokens=8)).num_output_tokens == 8
 
 
 def test_metrics_count_requests_and_tokens(triton):
     metrics = triton.urls.metrics
-    before = scrape(metrics)
+    before = fetch(metrics)
     expected_prompt = expected_output = 0
     with LLMClient(triton.urls.grpc) as client:
         for i in range(4):
             done = client.generate(f"print({i})", SamplingParams(max_tokens=5 + i))
             expected_prompt += done.num_input_tokens
             expected_output += done.num_output_tokens
-    after = scrape(metrics)
+    after = fetch(metrics)
 
     def delta(name, **labels):
-        return value(after, name, **labels) - value(before, name, **labels)
+        return total(after, name, **labels) - total(before, name, **labels)
 
     assert delta("llm_prompt_tokens_total") == expected_prompt
     assert delta("llm_generation_tokens_total") == expected_output == 5 + 6 + 7 + 8
     assert delta("llm_time_to_first_token_seconds_count") == 4
     assert delta("llm_e2e_request_latency_seconds_count") == 4
     assert delta("llm_time_per_output_token_seconds_count") == 4
-    assert value(after, "llm_engine_queued_requests") == 0
-    assert value(after, "llm_engine_kv_cache_occupancy") == 0
+    assert total(after, "llm_engine_queued_requests") == 0
+    assert total(after, "llm_engine_kv_cache_occupancy") == 0
 
 
 def test_full_queue_rejects_at_once_with_unavailable(test_profile, engine_dir, tiny_checkpoint, tmp_path):
