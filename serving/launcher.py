@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import urllib.error
@@ -30,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from serving.drain import DRAIN_FILE_ENV, drain
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 NGC_ROOT = Path("/opt/tritonserver")
 DEFAULT_BACKEND_WORK_DIR = PROJECT_ROOT / "build" / "triton_backends"
@@ -37,6 +40,9 @@ PORT_ENV = {"http_port": "HTTP_PORT", "grpc_port": "GRPC_PORT", "metrics_port": 
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 # APIs that can change what is served or map client memory: usable only with the admin-key header.
 RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
+# After a drain nothing is in flight; what tritonserver still waits for then is a client's idle HTTP
+# keep-alive connection or a model a gRPC call left referenced (docs/reliability.md, causes D and E).
+EXIT_TIMEOUT_AFTER_DRAIN_SECS = 10
 
 
 class ServerStartError(RuntimeError):
@@ -113,7 +119,8 @@ class ServerConfig:
     http_port: int = 8000  # 0 = pick a free port at start
     grpc_port: int = 8001
     metrics_port: int = 8002
-    exit_timeout_secs: int = 30
+    exit_timeout_secs: int = 30  # how long accepted requests may run once a stop is asked for
+    drain: bool = True  # the launcher drains before SIGTERM (False: tritonserver gets SIGTERM itself, e.g. as PID 1)
     log_verbose: int = 0
     extra_args: list[str] = field(default_factory=list)
     log_file: Path | None = None  # None: server output is echoed to our stdout
@@ -156,6 +163,9 @@ def check_ports(config: ServerConfig) -> None:
 
 def build_command(config: ServerConfig, install: TritonInstall, admin_key: str) -> list[str]:
     restricted = f"{RESTRICTED_APIS}:admin-key={admin_key}"
+    # With a drain, the exit timeout was spent waiting for requests before SIGTERM; tritonserver's own is short.
+    exit_timeout = min(config.exit_timeout_secs, EXIT_TIMEOUT_AFTER_DRAIN_SECS) if config.drain \
+        else config.exit_timeout_secs
     return [
         str(install.binary),
         f"--model-repository={Path(config.model_repository).resolve()}",
@@ -165,7 +175,7 @@ def build_command(config: ServerConfig, install: TritonInstall, admin_key: str) 
         f"--metrics-port={config.metrics_port}",
         "--allow-metrics=true",
         "--allow-cpu-metrics=true",
-        f"--exit-timeout-secs={config.exit_timeout_secs}",
+        f"--exit-timeout-secs={exit_timeout}",
         "--model-control-mode=none",  # load everything at start, never change at run time
         "--strict-readiness=true",  # ready only when every model is
         "--disable-auto-complete-config",  # we ship full configs (2.51: --strict-model-config is deprecated)
@@ -293,6 +303,9 @@ class TritonServer:
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or ""
         self.process: subprocess.Popen[bytes] | None = None
         self.stop_requested = False
+        self.drain_file: Path | None = None
+        self._drain_lock = threading.Lock()
+        self._drained = False
         self._tail: collections.deque[str] = collections.deque(maxlen=5000)
         self._echo: threading.Thread | None = None
         self._echo_lock = threading.Lock()
@@ -325,13 +338,17 @@ class TritonServer:
         self.install = self.install or find_tritonserver()
         self.admin_key = self.admin_key or secrets.token_urlsafe(24)  # never printed
         cmd = build_command(self.config, self.install, self.admin_key)
+        env = server_env(self.install)
+        if self.config.drain:  # one per server: the models' stubs stat() it before taking a request
+            self.drain_file = Path(tempfile.mkdtemp(prefix="triton-llm-drain-")) / "draining"
+            env[DRAIN_FILE_ENV] = str(self.drain_file)
         log_file = Path(self.config.log_file) if self.config.log_file is not None else None
         if log_file is not None:
             log_file.parent.mkdir(parents=True, exist_ok=True)
         # stderr too: gRPC bind errors and the final "error: creating server" line are printed there.
         with open(log_file, "wb") if log_file else contextlib.nullcontext(subprocess.PIPE) as out:
             try:
-                self.process = subprocess.Popen(cmd, env=server_env(self.install), stdin=subprocess.DEVNULL,
+                self.process = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                                 stdout=out, stderr=subprocess.STDOUT)
             except OSError as e:
                 raise ServerStartError(f"cannot run {cmd[0]}: {e}") from e
@@ -391,19 +408,37 @@ class TritonServer:
         where = f" (log: {self.config.log_file})" if self.config.log_file else ""
         raise ServerStartError(f"{problem}{where}:\n{diagnose(log, self.config)}")
 
-    def terminate(self) -> None:
-        """Ask the server to drain and exit (SIGTERM), without waiting; it finishes in-flight work for up to
-        exit_timeout_secs. Marks the stop as requested, so wait_ready() does not report it as a failure."""
-        self.stop_requested = True
+    def drain(self) -> bool:
+        """Refuse new requests (UNAVAILABLE) and wait, up to exit_timeout_secs, until the accepted ones have
+        finished. True when the server went idle. Runs once; a second caller waits for the first."""
+        with self._drain_lock:
+            if self._drained or self.drain_file is None or self.returncode is not None:
+                return self._drained
+            started = time.monotonic()
+            self.say(f"draining: new requests are refused; waiting up to {self.config.exit_timeout_secs} s "
+                     "for the accepted ones")
+            self._drained = drain(self.drain_file, self.urls.metrics, self.config.exit_timeout_secs)
+            self.say(f"drain {'finished' if self._drained else 'timed out'} after "
+                     f"{time.monotonic() - started:.1f} s; stopping tritonserver")
+            return self._drained
+
+    def _sigterm(self) -> None:
+        self.drain()
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
 
+    def terminate(self) -> None:
+        """Drain, then SIGTERM, in the background; returns at once. Marks the stop as requested, so
+        wait_ready() does not report it as a failure."""
+        self.stop_requested = True
+        if self.process is not None and self.process.poll() is None:
+            threading.Thread(target=self._sigterm, name="tritonserver-drain", daemon=True).start()
+
     def stop(self, timeout: float | None = None) -> int | None:
-        """SIGTERM, wait (default: exit_timeout_secs + 15 s for model unloading), then SIGKILL."""
+        """Drain, SIGTERM, wait (default: exit_timeout_secs + 15 s for model unloading), then SIGKILL."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+        self._sigterm()
         try:
             self.process.wait(self.config.exit_timeout_secs + 15 if timeout is None else timeout)
         except subprocess.TimeoutExpired:
@@ -411,7 +446,12 @@ class TritonServer:
             self.process.wait()
         if self._echo is not None:
             self._echo.join(timeout=5)
+        self.remove_drain_file()
         return self.process.returncode
+
+    def remove_drain_file(self) -> None:
+        if self.drain_file is not None:
+            shutil.rmtree(self.drain_file.parent, ignore_errors=True)
 
     def __enter__(self) -> TritonServer:
         self.start()
@@ -458,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     server = TritonServer(config, ready_timeout=args.ready_timeout)
 
     def forward(signum: int, _frame: object) -> None:
-        # First signal: let tritonserver drain. A second one: the user wants out now.
+        # First signal: drain, then let tritonserver exit. A second one: the user wants out now.
         if server.stop_requested and server.process is not None:
             server.process.kill()
         server.terminate()
@@ -479,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     server.process.wait()
     if server._echo is not None:
         server._echo.join(timeout=5)
+    server.remove_drain_file()
     return _exit_code(server.returncode)
 
 

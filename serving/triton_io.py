@@ -7,6 +7,8 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from serving.drain import SHUTTING_DOWN
+
 
 class RequestError(ValueError):
     """A request the user must fix: becomes INVALID_ARG."""
@@ -46,3 +48,9 @@ def scalar(request, name: str, cast):
 def error_response(exc: Exception, code=None) -> "pb_utils.InferenceResponse":
     code = pb_utils.TritonError.INVALID_ARG if code is None else code
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc), code))
+
+
+def shutting_down_response() -> "pb_utils.InferenceResponse":
+    """A new request during a drain: UNAVAILABLE, so clients and load balancers retry elsewhere."""
+    return pb_utils.InferenceResponse(output_tensors=[],
+                                      error=pb_utils.TritonError(SHUTTING_DOWN, pb_utils.TritonError.UNAVAILABLE))

@@ -100,7 +100,7 @@ def test_helm_test_check_fails_readably_when_nothing_listens():
 
 def test_admin_apis_need_the_key(chart_server):
     base = f"http://{chart_server['http']}"
-    for path in ("/v2/trace/setting", "/v2/logging"):  # restricted by the chart's extra flags
+    for path in ("/v2/trace/setting", "/v2/logging"):  # the launcher restricts them (the chart adds no flags)
         assert _status(base + path) == 403, path
         assert _status(base + path, {"admin-key": ADMIN_KEY}) == 200, path
     assert _status(base + "/v2/health/live") == 200

@@ -16,10 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from serving.drain import LLM_GRACE_S, PREPROCESSING_GRACE_S, DrainGate
 from serving.launcher import (
+    EXIT_TIMEOUT_AFTER_DRAIN_SECS,
     PROJECT_ROOT,
     ServerConfig,
     ServerStartError,
+    TritonInstall,
     TritonServer,
     build_command,
     diagnose,
@@ -114,6 +117,26 @@ def test_backend_dir_is_prepared_idempotently(install, tmp_path):
     second = find_tritonserver(tmp_path / "be")
     assert second == first
     assert {p.name: p.stat().st_ino for p in (second.backend_dir / "python").iterdir()} == before
+
+
+def test_exit_timeout_is_the_drain_budget_and_tritonserver_gets_a_short_one(tmp_path):
+    install = TritonInstall(Path("/bin/tritonserver"), Path("/backends"))
+    draining = build_command(ServerConfig(tmp_path, exit_timeout_secs=45), install, admin_key="k")
+    assert f"--exit-timeout-secs={EXIT_TIMEOUT_AFTER_DRAIN_SECS}" in draining
+    # Without the launcher's drain (tritonserver exec'd as PID 1 on GPU) its own timeout is the whole budget.
+    direct = build_command(ServerConfig(tmp_path, exit_timeout_secs=45, drain=False), install, admin_key="k")
+    assert "--exit-timeout-secs=45" in direct
+
+
+def test_drain_gate_opens_only_after_its_grace(tmp_path):
+    assert not DrainGate(None).closed_for(0)  # no launcher drain configured: always open
+    gate = DrainGate(str(tmp_path / "draining"))
+    assert not gate.closed_for(0)
+    (tmp_path / "draining").touch()
+    assert gate.closed_for(0) and not gate.closed_for(PREPROCESSING_GRACE_S)
+    aged = time.time() - LLM_GRACE_S - 0.1
+    os.utime(tmp_path / "draining", (aged, aged))
+    assert gate.closed_for(PREPROCESSING_GRACE_S) and gate.closed_for(LLM_GRACE_S)
 
 
 def test_ports_come_from_the_environment(monkeypatch):

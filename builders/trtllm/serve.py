@@ -29,6 +29,7 @@ def build_server_argv(model_repository: Path, extra: list[str], multi_gpu_mode: 
     config = ServerConfig.from_env(model_repository)
     config.exit_timeout_secs = int(os.environ.get("EXIT_TIMEOUT_SECS", config.exit_timeout_secs))
     config.extra_args = list(extra)
+    config.drain = False  # tritonserver is exec'd as PID 1 and gets SIGTERM itself: its own exit timeout is the drain
     install = TritonInstall(NGC_ROOT / "bin" / "tritonserver", NGC_ROOT / "backends")
     admin_key = os.environ.get(ADMIN_KEY_ENV) or os.urandom(18).hex()
     base = build_command(config, install, admin_key)[1:]

@@ -22,10 +22,12 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from cpu_engine import (EngineLimits, GenerationRequest, LLMEngine, QueueFullError, SamplingParams,  # noqa: E402
                         TokenEvent, load_engine)
+from serving.drain import LLM_GRACE_S, DrainGate  # noqa: E402
 from serving.llm_metrics import LLMMetrics  # noqa: E402
 from serving.request_params import check_lengths, check_min_tokens, resolve_sampling  # noqa: E402
 from serving.text import Utf8Chunker, from_word_list, token_bytes_table  # noqa: E402
-from serving.triton_io import RequestError, error_response, model_parameters, scalar, single_row  # noqa: E402
+from serving.triton_io import (RequestError, error_response, model_parameters, scalar,  # noqa: E402
+                               shutting_down_response, single_row)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class TritonPythonModel:
         self._by_client_id: dict[str, str] = {}  # client request id → ours, for the `stop` input
         self._stopped: set[str] = set()
         self.metrics = LLMMetrics(args["model_name"], args["model_version"])
+        self.gate = DrainGate()
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         limits = EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
                               max_num_tokens=build["max_num_tokens"], max_queue_size=int(params["max_queue_size"]))
@@ -69,11 +72,16 @@ class TritonPythonModel:
 
     # ---- request intake (Triton's thread) -----------------------------------------------------------
     def execute(self, requests):
+        draining = self.gate.closed_for(LLM_GRACE_S)
+        submitted = False
         for request in requests:
             sender = request.get_response_sender()
             try:
-                if scalar(request, "stop", bool):
+                if scalar(request, "stop", bool):  # honoured while draining too: it ends work, starts none
                     self._stop(request.request_id(), sender)
+                    continue
+                if draining:
+                    sender.send(shutting_down_response(), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
                 gen, stream = self._parse(request, sender)
             except (RequestError, ValueError) as exc:
@@ -84,10 +92,13 @@ class TritonPythonModel:
                 self._by_client_id[stream.client_id] = gen.request_id
             try:
                 self.engine.submit(gen)
+                submitted = True
             except QueueFullError as exc:
                 self._forget(gen.request_id)
                 sender.send(error_response(exc, pb_utils.TritonError.UNAVAILABLE),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if submitted:  # at once, not at the next period: a drain must never read a stale "idle"
+            self.metrics.update_gauges(self.engine.queued, self.engine.active, self.engine.kv_occupancy, force=True)
         return None
 
     def _stop(self, client_id: str, sender) -> None:

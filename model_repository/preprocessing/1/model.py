@@ -12,9 +12,11 @@ import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
+from serving.drain import PREPROCESSING_GRACE_S, DrainGate  # noqa: E402
 from serving.request_params import check_lengths, check_min_tokens, resolve_sampling  # noqa: E402
 from serving.text import to_word_list  # noqa: E402
-from serving.triton_io import RequestError, error_response, model_parameters, scalar, single_row  # noqa: E402
+from serving.triton_io import (RequestError, error_response, model_parameters, scalar,  # noqa: E402
+                               shutting_down_response, single_row)
 
 
 def _texts(row) -> list[str]:
@@ -34,8 +36,11 @@ class TritonPythonModel:
         self.max_seq_len = int(params["max_seq_len"])
         self.end_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.end_id
+        self.gate = DrainGate()
 
     def execute(self, requests):
+        if self.gate.closed_for(PREPROCESSING_GRACE_S):  # the ensemble's entry: nothing new while draining
+            return [shutting_down_response() for _ in requests]
         responses = []
         for request in requests:
             try:
