@@ -8,7 +8,6 @@ one running event loop.
 from __future__ import annotations
 
 import asyncio
-
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from types import TracebackType
@@ -19,8 +18,10 @@ import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
 from client.core import (Completion, GenerationError, Health, ResponseCollector, SamplingParams, build_inputs,
-                         stop_inputs,
-                         is_final, to_error)
+                         is_final, stop_inputs, to_error)
+
+# After the final response the server closes the call at once; this only bounds a server that does not.
+CALL_END_TIMEOUT_S = 5.0
 
 
 class AsyncTextStream(AsyncIterator[str]):
@@ -142,6 +143,8 @@ class AsyncLLMClient:
                     raise to_error(error, self.url)
                 finished = is_final(result)  # set before yielding: the caller may stop right after
                 delta = collector.add(result)
+                if finished:  # before the last delta reaches the caller, who may close the channel next
+                    await _read_to_end(responses)
                 if delta:
                     yield delta
                 if finished:
@@ -154,3 +157,15 @@ class AsyncLLMClient:
                 responses.cancel()
                 await self._stop_on_server(collector.request_id)
         raise GenerationError("the server closed the stream before sending a final response")
+
+
+async def _read_to_end(responses) -> None:
+    """Read the call's status after its final response. A call the client drops before that can leave
+    Triton 2.51 holding a reference to the model, and SIGTERM then waits the whole exit timeout and exits 1
+    (docs/reliability.md, B5)."""
+    try:
+        async with asyncio.timeout(CALL_END_TIMEOUT_S):
+            async for _ in responses:
+                pass
+    except (TimeoutError, grpc.RpcError):
+        responses.cancel()
