@@ -10,8 +10,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-# Small limits so bad-input cases (over-long prompts, too many tokens) are cheap to provoke.
-TEST_LIMITS = dict(max_batch_size=8, max_input_len=192, max_seq_len=256, max_num_tokens=64)
+from tests.stack import TEST_LIMITS, stack_profile
 
 
 @pytest.fixture(scope="session")
@@ -31,13 +30,7 @@ def engine_dir(tiny_checkpoint, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def test_profile(engine_dir, tiny_checkpoint):
-    from builders.profile import DynamicBatcher, LLMStage, ServingProfile, Stage
-
-    batcher = DynamicBatcher(max_queue_delay_us=0, max_queue_size=128)
-    return ServingProfile(name="test", engine_dir=engine_dir, tokenizer_dir=tiny_checkpoint, max_batch_size=8,
-                          preprocessing=Stage(instances=1, batcher=batcher),
-                          postprocessing=Stage(instances=1, batcher=None),  # see builders/profiles/cpu.yaml
-                          llm=LLMStage(max_queue_size=32, cpu_threads=1))
+    return stack_profile(engine_dir, tiny_checkpoint)
 
 
 @pytest.fixture(scope="session")

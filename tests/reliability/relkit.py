@@ -1,0 +1,542 @@
+"""Shared tools of the reliability suite and its scripts: stacks, servers, RSS, gauges, load, percentiles.
+
+Everything here talks to a real tritonserver on loopback. Nothing is imported from tests/conftest.py, so the
+scripts under tests/reliability/scripts/ run without pytest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+if str(PROJECT_ROOT) not in sys.path:  # scripts run as files
+    sys.path.insert(0, str(PROJECT_ROOT))
+
+from serving.prometheus import fetch, total  # noqa: E402
+from tests.stack import TEST_LIMITS, stack_profile  # noqa: E402
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+# ------------------------------------------------------------------------------------------- stacks
+
+
+def build_tiny_stack(workdir: Path, limits: dict | None = None, seed: int = 0) -> tuple[Path, Path]:
+    """(checkpoint, engine) of the tiny random Llama the test suite uses; cached in ``workdir``."""
+    from builders.cpu_build import BuildLimits, build_cpu_engine
+    from builders.default_model import build_random_model
+
+    workdir = Path(workdir)
+    checkpoint = workdir / "tiny"
+    if not (checkpoint / "model.safetensors").exists():
+        build_random_model(checkpoint, seed=seed)
+    limits = dict(TEST_LIMITS, **(limits or {}))
+    tag = "-".join(f"{k}{v}" for k, v in sorted(limits.items()))
+    engine = workdir / f"engine-{tag}"
+    if not (engine / "config.json").exists():
+        build_cpu_engine(checkpoint, engine, limits=BuildLimits(**limits))
+    return checkpoint, engine
+
+
+def render(out: Path, engine: Path, tokenizer: Path, **knobs):
+    """A repository like tests/conftest.py's session server's; ``knobs``: see ``stack_profile``."""
+    from builders.repository import render_repository
+
+    return render_repository(stack_profile(engine, tokenizer, **knobs), out)
+
+
+def start_server(repo: Path, log_dir: Path, exit_timeout_secs: int = 10, name: str = "tritonserver"):
+    from serving.launcher import ServerConfig, TritonServer
+
+    config = ServerConfig(model_repository=repo, http_port=0, grpc_port=0, metrics_port=0,
+                          exit_timeout_secs=exit_timeout_secs, log_file=Path(log_dir) / f"{name}.log")
+    server = TritonServer(config, ready_timeout=240)
+    server.start()
+    server.wait_ready()
+    return server
+
+
+# ------------------------------------------------------------------------------------------- processes
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (tritonserver + one Python stub per model instance)."""
+    kids, out, todo = _children(), [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * PAGE
+    except OSError:
+        return 0
+
+
+def rss_tree_bytes(pid: int) -> int:
+    """Resident memory of the server's whole process tree, from /proc."""
+    return sum(rss_bytes(p) for p in process_tree(pid))
+
+
+def rss_tree_mib(pid: int) -> float:
+    return rss_tree_bytes(pid) / 2**20
+
+
+# ------------------------------------------------------------------------------------------- metrics
+
+
+@dataclass
+class Snapshot:
+    active: float
+    queued: float
+    kv: float
+    finished: dict[str, float]
+    ensemble_success: float
+    ensemble_failure: float
+    postprocessing_rejected: float = 0.0
+    never_reached_engine: float = 0.0  # llm/preprocessing requests Triton dropped as cancelled before execute
+
+
+    @property
+    def ensemble_done(self) -> float:
+        return self.ensemble_success + self.ensemble_failure
+
+
+def snapshot(metrics_url: str) -> Snapshot:
+    s = fetch(metrics_url)
+    return Snapshot(
+        active=total(s, "llm_engine_active_slots"), queued=total(s, "llm_engine_queued_requests"),
+        kv=total(s, "llm_engine_kv_cache_occupancy"),
+        finished={r: total(s, "llm_requests_finished_total", reason=r) for r in ("length", "stop", "cancelled")},
+        ensemble_success=total(s, "nv_inference_request_success", model="ensemble"),
+        ensemble_failure=total(s, "nv_inference_request_failure", model="ensemble"),
+        postprocessing_rejected=total(s, "nv_inference_request_failure", model="postprocessing", reason="REJECTED"),
+        never_reached_engine=(total(s, "nv_inference_request_failure", model="llm", reason="CANCELED")
+                              + total(s, "nv_inference_request_failure", model="preprocessing", reason="CANCELED")),
+    )
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition", every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def idle(metrics_url: str, timeout: float = 30.0) -> Snapshot:
+    """Wait until no slot is held and nothing is queued; return that snapshot."""
+    return wait_for(lambda: (s := snapshot(metrics_url)).active == 0 and s.queued == 0 and s, timeout,
+                    "llm_engine_active_slots == 0 and llm_engine_queued_requests == 0")
+
+
+def live(http_url: str) -> bool:
+    try:
+        return requests.get(f"{http_url}/v2/health/live", timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+# ------------------------------------------------------------------------------------------- stats
+
+
+def percentile(values, q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    values = sorted(values)
+    if not values:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(values)))
+    return values[rank - 1]
+
+
+# ------------------------------------------------------------------------------------------- load
+
+
+@dataclass
+class Outcome:
+    kind: str  # "ok" | "rejected" | "error" | "timeout"
+    start: float
+    latency_s: float
+    ttft_s: float | None = None
+    output_tokens: int = 0
+    message: str = ""
+
+
+@dataclass
+class LoadResult:
+    outcomes: list[Outcome] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    def kinds(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for o in self.outcomes:
+            out[o.kind] = out.get(o.kind, 0) + 1
+        return out
+
+    def of(self, kind: str) -> list[Outcome]:
+        return [o for o in self.outcomes if o.kind == kind]
+
+
+PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Parser:\n    def __init__(self", "x = [1, 2, 3]",
+           "for i in range(10):", "# 你好 — café 👋", "return {k: v for k, v in items}", "while True:\n    pass"]
+
+
+async def one_request(client, prompt: str, max_tokens: int, stream: bool, timeout_s: float) -> Outcome:
+    """One request through the client SDK, classified. UNAVAILABLE 'queue is full' counts as rejected."""
+    from client import GenerationError, SamplingParams
+
+    start = time.perf_counter()
+    params = SamplingParams(max_tokens=max_tokens)
+    try:
+        async with asyncio.timeout(timeout_s):
+            if stream:
+                s = client.stream(prompt, params)
+                async for _ in s:
+                    pass
+                done = s.completion
+            else:
+                done = await client.generate(prompt, params)
+        return Outcome("ok", start, time.perf_counter() - start, done.timings.ttft_s, done.num_output_tokens)
+    except TimeoutError:
+        return Outcome("timeout", start, time.perf_counter() - start, message=f"no final response in {timeout_s} s")
+    except GenerationError as exc:
+        kind = "rejected" if "queue is full" in str(exc) or "Exceeds maximum queue size" in str(exc) else "error"
+        return Outcome(kind, start, time.perf_counter() - start, message=str(exc)[:300])
+
+
+async def open_loop(grpc_url: str, rate: float, duration_s: float, max_tokens: int, stream: bool = True,
+                    timeout_s: float = 60.0, seed: int = 0, max_outstanding: int = 2000,
+                    on_tick=None) -> LoadResult:
+    """Poisson arrivals at ``rate`` req/s for ``duration_s``; waits for every request to end (or time out).
+    ``on_tick(elapsed)`` is called about once a second (sampling RSS, gauges)."""
+    from client import AsyncLLMClient
+
+    rng = random.Random(seed)
+    result = LoadResult()
+    async with AsyncLLMClient(grpc_url) as client:
+        tasks: list[asyncio.Task] = []
+        outstanding = [0]
+        begin = time.perf_counter()
+        next_at, next_tick = begin, begin
+        while (now := time.perf_counter()) - begin < duration_s:
+            if on_tick and now >= next_tick:
+                on_tick(now - begin)
+                next_tick += 1.0
+            if now >= next_at:
+                if outstanding[0] < max_outstanding:
+                    task = asyncio.create_task(one_request(client, rng.choice(PROMPTS), max_tokens, stream,
+                                                           timeout_s))
+                    outstanding[0] += 1
+                    task.add_done_callback(lambda _: outstanding.__setitem__(0, outstanding[0] - 1))
+                    tasks.append(task)
+                next_at += rng.expovariate(rate)
+                continue
+            await asyncio.sleep(min(next_at, next_tick) - now if on_tick else next_at - now)
+        pending = [t for t in tasks if not t.done()]
+        while pending:
+            done, pending = await asyncio.wait(pending, timeout=1.0)
+            if on_tick:
+                on_tick(time.perf_counter() - begin)
+        result.outcomes = [t.result() for t in tasks]
+        result.duration_s = time.perf_counter() - begin
+    return result
+
+
+async def closed_loop(grpc_url: str, concurrency: int, duration_s: float, max_tokens: int,
+                      stream: bool = True, timeout_s: float = 60.0) -> LoadResult:
+    """``concurrency`` workers back to back for ``duration_s`` (capacity measurement)."""
+    from client import AsyncLLMClient
+
+    result = LoadResult()
+    async with AsyncLLMClient(grpc_url) as client:
+        begin = time.perf_counter()
+
+        async def worker(i: int):
+            n = i
+            while time.perf_counter() - begin < duration_s:
+                result.outcomes.append(await one_request(client, PROMPTS[n % len(PROMPTS)], max_tokens, stream,
+                                                         timeout_s))
+                n += concurrency
+
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        result.duration_s = time.perf_counter() - begin
+    return result
+
+
+CAPACITY_PROBES: list[dict] = []  # what each capacity measurement saw (a hung request shows up here)
+
+
+def measure_capacity(grpc_url: str, slots: int, max_tokens: int, duration_s: float = 5.0) -> float:
+    """Completed requests per second with every KV slot busy (closed loop, concurrency = slots), counting only
+    requests that ended inside the window (one hung request must not stretch the window)."""
+    asyncio.run(closed_loop(grpc_url, slots, 1.0, max_tokens, timeout_s=30))  # warm-up
+    run = asyncio.run(closed_loop(grpc_url, slots, duration_s, max_tokens, timeout_s=30))
+    begin = min(o.start for o in run.outcomes)
+    done = [o for o in run.of("ok") if o.start + o.latency_s <= begin + duration_s]
+    CAPACITY_PROBES.append({"kinds": run.kinds(), "wall_s": round(run.duration_s, 1),
+                            "ok_in_window": len(done)})
+    return len(done) / duration_s
+
+
+# ------------------------------------------------------------------------------------------- launcher CLI
+
+
+def launch_cli(repo: Path, out: Path, ports: list[int], exit_timeout_secs: int = 10,
+               extra: list[str] | None = None) -> subprocess.Popen:
+    """``python -m serving serve`` as a subprocess (what an operator or a container runs)."""
+    env = dict(os.environ, HTTP_PORT=str(ports[0]), GRPC_PORT=str(ports[1]), METRICS_PORT=str(ports[2]))
+    cmd = [sys.executable, "-m", "serving", "serve", "--model-repository", str(repo),
+           "--exit-timeout-secs", str(exit_timeout_secs)]
+    if extra:
+        cmd += ["--", *extra]
+    return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT)
+
+
+def wait_cli_ready(proc: subprocess.Popen, out: Path, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while "ready:" not in out.read_text("utf-8", "replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError("launcher did not become ready:\n" + out.read_text("utf-8", "replace")[-3000:])
+        time.sleep(0.2)
+
+
+def in_flight_at_exit(log_text: str) -> dict[str, int]:
+    """What tritonserver said was still in flight while it waited to exit (last report per model)."""
+    found: dict[str, int] = {}
+    for m in re.finditer(r"Model '([^']+)' \(version \d+\) has (\d+) in-flight inferences", log_text):
+        found[m.group(1)] = int(m.group(2))
+    return found
+
+
+def terminate_and_wait(proc: subprocess.Popen, timeout: float = 90.0) -> tuple[int, float]:
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+    return rc, time.monotonic() - started
+
+
+# ------------------------------------------------------------------------------------------- cancellation
+
+
+async def cancel_storm(grpc_url: str, n: int, concurrency: int, max_tokens: int, max_delay_s: float,
+                       seed: int = 0) -> list[dict]:
+    """``n`` SDK streams, each abandoned after a random delay in [0, max_delay_s] (before the first token,
+    mid-stream, or after it ended). Abandoning runs the SDK's path: cancel the gRPC call, send ``stop``."""
+    from client import AsyncLLMClient, SamplingParams
+
+    rng = random.Random(seed)
+    gate = asyncio.Semaphore(concurrency)
+    records: list[dict] = []
+
+    async with AsyncLLMClient(grpc_url) as client:
+        async def one(i: int):
+            async with gate:
+                stream = client.stream(PROMPTS[i % len(PROMPTS)], SamplingParams(max_tokens=max_tokens))
+                deltas = 0
+
+                async def consume():
+                    nonlocal deltas
+                    async for _ in stream:
+                        deltas += 1
+
+                task = asyncio.create_task(consume())
+                delay = rng.uniform(0, max_delay_s)
+                await asyncio.sleep(delay)
+                finished = task.done()
+                if not finished:
+                    task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                records.append({"delay_s": delay, "deltas": deltas, "completed": finished and
+                                stream.completion is not None})
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return records
+
+
+def raw_cancel_once(grpc_url: str, metrics_url: str, model: str, max_tokens: int, sdk: bool = False) -> dict:
+    """Start one stream, wait for its first response, abandon it; time until the slot is free.
+
+    model "ensemble" + sdk=False: a raw client that just cancels its gRPC call (what any client does when its
+    user goes away). sdk=True: the client SDK (cancel + ``stop`` to the LLM model)."""
+    import queue as _queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    from tests.triton_helpers import make_input, text_inputs
+
+    before = snapshot(metrics_url)
+    tokens_before = total(fetch(metrics_url), "llm_generation_tokens_total")
+    if sdk:
+        from client import LLMClient, SamplingParams
+
+        with LLMClient(grpc_url) as c:
+            s = c.stream("def f(x):", SamplingParams(max_tokens=max_tokens))
+            next(s)
+            t0 = time.perf_counter()
+            s.close()
+    else:
+        got: _queue.Queue = _queue.Queue()
+        c = grpcclient.InferenceServerClient(grpc_url)
+        c.start_stream(callback=lambda result, error: got.put((result, error)))
+        if model == "ensemble":
+            inputs = text_inputs("def f(x):", max_tokens, stream=True)
+        else:
+            inputs = [make_input("input_ids", [[1, 2, 3]], np.int32), make_input("input_lengths", [[3]], np.int32),
+                      make_input("request_output_len", [[max_tokens]], np.int32),
+                      make_input("streaming", [[True]], bool)]
+        c.async_stream_infer(model, inputs, request_id=f"raw-{time.monotonic_ns()}",
+                             enable_empty_final_response=True)
+        got.get(timeout=60)
+        t0 = time.perf_counter()
+        c.stop_stream(cancel_requests=True)
+        c.close()
+
+    def ended():
+        s = snapshot(metrics_url)
+        done = sum(s.finished.values()) - sum(before.finished.values())
+        return s if done >= 1 and s.active == 0 else None
+
+    after = wait_for(ended, timeout=60, what="the abandoned request to end", every=0.005)
+    freed_s = time.perf_counter() - t0
+    reason = max(after.finished, key=lambda r: after.finished[r] - before.finished[r])
+    tokens = total(fetch(metrics_url), "llm_generation_tokens_total") - tokens_before
+    return {"model": model, "sdk": sdk, "reason": reason, "freed_s": freed_s, "tokens": tokens}
+
+
+# ------------------------------------------------------------------------------------------- overload / soak
+
+
+def summarize(run: LoadResult) -> dict:
+    ok, rejected = run.of("ok"), run.of("rejected")
+    ms = lambda xs, q: round(percentile([x.latency_s for x in xs], q) * 1000, 1)  # noqa: E731
+    return {
+        "requests": len(run.outcomes), **{f"n_{k}": v for k, v in run.kinds().items()},
+        "ok_p50_ms": ms(ok, 50), "ok_p99_ms": ms(ok, 99),
+        "ttft_p99_ms": round(percentile([o.ttft_s for o in ok if o.ttft_s is not None], 99) * 1000, 1),
+        "reject_p50_ms": ms(rejected, 50), "reject_p99_ms": ms(rejected, 99),
+        "reject_max_ms": round(max((o.latency_s for o in rejected), default=math.nan) * 1000, 1),
+        "errors": sorted({o.message for o in run.outcomes if o.kind in ("error", "timeout")})[:5],
+    }
+
+
+class Sampler:
+    """RSS of the server tree and engine gauges, once a second (``tick`` is open_loop's ``on_tick``)."""
+
+    def __init__(self, pid: int, metrics_url: str):
+        self.pid, self.metrics_url = pid, metrics_url
+        self.rows: list[dict] = []
+
+    def tick(self, elapsed: float) -> None:
+        row = {"t": round(elapsed, 1), "rss_mib": round(rss_tree_mib(self.pid), 1)}
+        try:
+            s = snapshot(self.metrics_url)
+            row.update(active=s.active, queued=s.queued)
+        except requests.RequestException:
+            row.update(active=None, queued=None)
+        self.rows.append(row)
+
+    @property
+    def peak_rss(self) -> float:
+        return max(r["rss_mib"] for r in self.rows)
+
+
+def overload(server, factor: float, duration_s: float, max_tokens: int, slots: int, stream: bool = True,
+             capacity: float | None = None, timeout_s: float = 60.0) -> dict:
+    """Measure capacity (unless given), then offer ``factor`` x capacity for ``duration_s`` (Poisson)."""
+    if capacity is None:
+        capacity = measure_capacity(server.urls.grpc, slots, max_tokens)
+    sampler = Sampler(server.process.pid, server.urls.metrics)
+    sampler.tick(0.0)
+    baseline = sampler.rows[0]["rss_mib"]
+    run = asyncio.run(open_loop(server.urls.grpc, factor * capacity, duration_s, max_tokens, stream=stream,
+                                timeout_s=timeout_s, on_tick=sampler.tick))
+    report = {"capacity_rps": round(capacity, 2), "capacity_probe": CAPACITY_PROBES[-1:],
+              "offered_rps": round(factor * capacity, 1),
+              "duration_s": duration_s, "max_tokens": max_tokens, "stream": stream, **summarize(run),
+              "completed_rps": round(len(run.of("ok")) / run.duration_s, 2),
+              "rss_baseline_mib": baseline, "rss_peak_mib": sampler.peak_rss,
+              "live_after": live(server.urls.http)}
+    return {"report": report, "samples": sampler.rows, "outcomes": run.outcomes}
+
+
+def windows(outcomes: list[Outcome], begin: float, width_s: float) -> list[dict]:
+    """Latency percentiles of the requests that *ended* in each ``width_s`` window (times from ``begin``)."""
+    rows: dict[int, list[Outcome]] = {}
+    for o in outcomes:
+        rows.setdefault(int((o.start + o.latency_s - begin) // width_s), []).append(o)
+    out = []
+    for w in sorted(rows):
+        ok = [o for o in rows[w] if o.kind == "ok"]
+        out.append({"t": (w + 1) * width_s, "n": len(rows[w]), "ok": len(ok),
+                    "p50_ms": round(percentile([o.latency_s for o in ok], 50) * 1000, 1),
+                    "p99_ms": round(percentile([o.latency_s for o in ok], 99) * 1000, 1),
+                    "ttft_p99_ms": round(percentile([o.ttft_s for o in ok if o.ttft_s], 99) * 1000, 1)})
+    return out
+
+
+def soak(server, fraction: float, duration_s: float, max_tokens: int, slots: int, window_s: float = 10.0,
+         capacity: float | None = None) -> dict:
+    """``fraction`` x capacity (Poisson, streamed) for ``duration_s``; RSS each second, latency per window."""
+    if capacity is None:
+        capacity = measure_capacity(server.urls.grpc, slots, max_tokens)
+    sampler = Sampler(server.process.pid, server.urls.metrics)
+    begin = time.perf_counter()
+    run = asyncio.run(open_loop(server.urls.grpc, fraction * capacity, duration_s, max_tokens, stream=True,
+                                timeout_s=60, seed=1, on_tick=sampler.tick))
+    rss = [r["rss_mib"] for r in sampler.rows]
+    head = rss[: max(1, len(rss) // 10)]  # first 10% of the run (after warm-up: capacity was measured first)
+    tail = rss[-max(1, len(rss) // 10):]
+    win = windows(run.outcomes, begin, window_s)
+    full = [w for w in win if w["t"] <= duration_s]  # the drain window at the end is partial
+    report = {"capacity_rps": round(capacity, 2), "capacity_probe": CAPACITY_PROBES[-1:],
+              "offered_rps": round(fraction * capacity, 2),
+              "duration_s": duration_s, "max_tokens": max_tokens, **summarize(run),
+              "rss_start_mib": round(sorted(head)[len(head) // 2], 1),
+              "rss_end_mib": round(sorted(tail)[len(tail) // 2], 1), "rss_max_mib": max(rss),
+              "window_p99_ms_first": full[0]["p99_ms"] if full else math.nan,
+              "window_p99_ms_last": full[-1]["p99_ms"] if full else math.nan,
+              "window_p99_ms_max": max((w["p99_ms"] for w in full), default=math.nan),
+              "window_p99_ms_median": percentile([w["p99_ms"] for w in full], 50)}
+    report["rss_growth_pct"] = round(100 * (report["rss_end_mib"] / report["rss_start_mib"] - 1), 2)
+    return {"report": report, "samples": sampler.rows, "windows": win}

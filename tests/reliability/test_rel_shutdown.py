@@ -1,0 +1,114 @@
+"""Section 4 — graceful shutdown: SIGTERM to the launcher (``python -m serving serve``) with 16 streams in flight.
+
+All 16 must complete inside the exit timeout, new requests must be refused, the launcher must exit 0.
+Finding 2 (Triton 2.51 ensemble bugs, docs/reliability.md) shows up here as an exit code 1 after the whole
+exit timeout ("Exit timeout expired") and, when the postprocessing queue overflows, as streams that never end.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from client import GenerationError, LLMClient, SamplingParams
+from serving.drain import LLM_GRACE_S
+from serving.launcher import free_port
+from tests.reliability import relkit
+
+STREAMS, MAX_TOKENS, EXIT_TIMEOUT = 16, 200, 20
+
+
+def stream_one(url: str, i: int, results: dict, sent: threading.Event | None = None) -> None:
+    started = time.monotonic()
+    try:
+        with LLMClient(url, timeout=EXIT_TIMEOUT + 10) as client:
+            s = client.stream(relkit.PROMPTS[i % len(relkit.PROMPTS)], SamplingParams(max_tokens=MAX_TOKENS))
+            first = next(s, "")  # the request is sent when iteration starts; a queued one waits here
+            if sent is not None:
+                sent.set()
+            text = first + "".join(s)
+            results[i] = ("ok", s.completion.finish_reason, s.completion.num_output_tokens, len(text),
+                          time.monotonic() - started)
+    except GenerationError as exc:
+        results[i] = ("error", str(exc)[:200], 0, 0, time.monotonic() - started)
+
+
+@pytest.fixture
+def launcher(model_repository, tmp_path):
+    ports = [free_port(), free_port(), free_port()]
+    out = tmp_path / "launcher.out"
+    proc = relkit.launch_cli(model_repository, out, ports, exit_timeout_secs=EXIT_TIMEOUT)
+    try:
+        relkit.wait_cli_ready(proc, out)
+        yield proc, out, ports
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigterm_with_16_streams_in_flight_drains_them_refuses_new_work_and_exits_0(launcher):
+    proc, out, (http_port, grpc_port, metrics_port) = launcher
+    grpc_url, http_url = f"localhost:{grpc_port}", f"http://localhost:{http_port}"
+    results: dict[int, tuple] = {}
+    first_token = [threading.Event() for _ in range(STREAMS)]
+    threads = [threading.Thread(target=stream_one, args=(grpc_url, i, results, first_token[i]), daemon=True)
+               for i in range(STREAMS)]
+    for t in threads:
+        t.start()
+    # 8 KV slots: 8 streams are generating (first token seen), the other 8 wait in the engine's queue.
+    relkit.wait_for(lambda: sum(e.is_set() for e in first_token) >= relkit.TEST_LIMITS["max_batch_size"],
+                    timeout=60, what="the first 8 streams generating", every=0.005)
+    in_flight_at_sigterm = STREAMS - len(results)
+
+    rc_holder: dict = {}
+    killer = threading.Thread(target=lambda: rc_holder.update(zip(("rc", "exit_s"),
+                                                                  relkit.terminate_and_wait(proc, 120))))
+    killer.start()
+    time.sleep(LLM_GRACE_S + 0.2)  # the launcher is draining and its graces are over: new work is refused
+    # urllib sends "Connection: close". requests keeps its connection open even after close(), and Triton 2.51
+    # waits for every open HTTP connection before it stops, out of the same exit timeout (docs/reliability.md).
+    req = urllib.request.Request(f"{http_url}/v2/models/ensemble/generate", method="POST",
+                                 data=json.dumps({"text_input": "x", "max_tokens": 4}).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            http_new = f"HTTP {r.status}: {r.read()[:120]!r}"
+    except urllib.error.HTTPError as exc:
+        http_new = f"HTTP {exc.code}: {exc.read()[:120].decode(errors='replace')}"
+    except (urllib.error.URLError, ConnectionError):
+        http_new = "refused: connection refused"
+    with LLMClient(grpc_url, timeout=10) as client:
+        try:
+            grpc_ready = client.health().ready
+        except GenerationError as exc:
+            grpc_ready = f"not ready: {str(exc)[:80]}"
+        try:
+            grpc_new = client.generate("def g():", SamplingParams(max_tokens=4)).finish_reason
+        except GenerationError as exc:
+            grpc_new = f"refused: {str(exc)[:120]}"
+
+    for t in threads:
+        t.join(EXIT_TIMEOUT + 30)
+    killer.join(150)
+    log = out.read_text("utf-8", "replace")
+    summary = {"in_flight_at_sigterm": in_flight_at_sigterm,
+               "streams": sorted(results.values(), key=lambda r: r[-1]), "http_new": http_new,
+               "grpc_ready": grpc_ready, "grpc_new": grpc_new, **rc_holder,
+               "in_flight_at_exit": relkit.in_flight_at_exit(log),
+               "exit_timeout_expired": "Exit timeout expired" in log}
+    print("\nshutdown:", summary)
+
+    assert len(results) == STREAMS and all(r[0] == "ok" and r[1] == "length" and r[2] == MAX_TOKENS
+                                           for r in results.values()), summary  # all 16 complete
+    # New requests are refused: while the launcher drains, the models answer UNAVAILABLE "the server is shutting
+    # down"; once tritonserver itself has SIGTERM, HTTP is closed and gRPC answers "Server exiting".
+    for new in (http_new, grpc_new):
+        assert new.startswith("refused") or "shutting down" in new, summary
+    assert rc_holder["rc"] == 0 and rc_holder["exit_s"] < EXIT_TIMEOUT, summary  # drained, exit 0
+    assert "successfully unloaded 'llm'" in log
+    assert in_flight_at_sigterm == STREAMS, summary  # the test really had 16 streams in flight
