@@ -113,12 +113,9 @@ class AsyncLLMClient:
             yield {"model_name": self.stop_model, "inputs": stop_inputs(), "request_id": request_id,
                    "parameters": {"triton_enable_empty_final_response": True}}
 
-        try:
-            async with asyncio.timeout(5):
-                async for result, error in self._grpc.stream_infer(one_request()):
-                    if error is not None or is_final(result):
-                        break
-        except (TimeoutError, grpc.RpcError, InferenceServerException):
+        try:  # one response (final, or "no running request"), then the call's status: read it all (B5)
+            await _read_to_end(self._grpc.stream_infer(one_request()))
+        except InferenceServerException:
             pass
 
     async def _run(self, inputs: list[grpcclient.InferInput],
@@ -139,7 +136,9 @@ class AsyncLLMClient:
         finished = False
         try:
             async for result, error in responses:
-                if error is not None:
+                if error is not None:  # an error ends the request on the server: nothing to cancel or stop
+                    finished = True
+                    await _read_to_end(responses)
                     raise to_error(error, self.url)
                 finished = is_final(result)  # set before yielding: the caller may stop right after
                 delta = collector.add(result)
@@ -152,7 +151,7 @@ class AsyncLLMClient:
         except grpc.RpcError as exc:  # transport failures are raised, not returned as (None, error)
             raise to_error(exc, self.url) from None
         finally:
-            # Anything short of a final response (error, caller stopped early) cancels the call.
+            # Anything short of a final response or an error (caller stopped early, transport failure) cancels.
             if not finished:
                 responses.cancel()
                 await self._stop_on_server(collector.request_id)
@@ -160,7 +159,7 @@ class AsyncLLMClient:
 
 
 async def _read_to_end(responses) -> None:
-    """Read the call's status after its final response. A call the client drops before that can leave
+    """Read the call's status after its final response or error. A call the client drops before that can leave
     Triton 2.51 holding a reference to the model, and SIGTERM then waits the whole exit timeout and exits 1
     (docs/reliability.md, B5)."""
     try:

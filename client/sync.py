@@ -128,13 +128,16 @@ class LLMClient:
             while not finished:
                 result, error = responses.get()
                 if error is not None:
+                    # An error the server sent (no gRPC status) ends the request there: nothing to cancel or
+                    # stop. A transport error (with a status) may leave it running.
+                    finished = error.status() is None
                     raise to_error(error, self.url)
                 finished = is_final(result)  # set before yielding: the caller may stop right after
                 delta = collector.add(result)
                 if delta:
                     yield delta
         finally:
-            # Anything short of a final response (error, caller stopped early) cancels the request.
+            # Anything short of a final response or a server error (caller stopped early, transport) cancels.
             self._grpc.stop_stream(cancel_requests=not finished)
             if not finished and collector.sent:
                 self._stop_on_server(collector.request_id)

@@ -229,11 +229,19 @@ def test_stopping_iteration_early_cancels_the_request_and_frees_the_client():
     assert llm.generate("p").text == "Hello!"  # the one-request-at-a-time lock was released
 
 
-def test_error_over_the_stream_raises_generation_error_and_cancels():
+def test_a_server_error_raises_and_ends_the_stream_without_cancel_or_stop():
     message = "max_tokens must be between 1 and 256, got 0"
     llm, fake = fake_client([(None, InferenceServerException(msg=message))])
     with pytest.raises(GenerationError, match=message):
         llm.generate("p", SamplingParams(max_tokens=0))
+    # The request is over on the server: the stream closes gracefully and no `stop` request follows.
+    assert fake.stopped == [False] and [model for model, _, _ in fake.sent] == ["ensemble"]
+
+
+def test_a_transport_error_cancels_and_stops_the_request():
+    llm, fake = fake_client([(None, InferenceServerException(msg="socket closed", status="StatusCode.UNAVAILABLE"))])
+    with pytest.raises(GenerationError, match="socket closed"):
+        llm.generate("p")
     assert fake.stopped[0] is True and fake.sent[-1][0] == "llm"
 
 
@@ -256,13 +264,14 @@ class FakeAioCall:
     """Stands in for the asyncio client's stream_infer response iterator."""
 
     def __init__(self, requests, script):
-        self.requests, self.script, self.cancelled = requests, list(script), False
+        self.requests, self.script, self.cancelled, self.read_to_end = requests, list(script), False, False
 
     def __aiter__(self):
         return self
 
     async def __anext__(self):
         if not self.script:
+            self.read_to_end = True  # the call's status was read
             raise StopAsyncIteration
         return self.script.pop(0)
 
@@ -294,6 +303,7 @@ def test_async_stream_and_generate():
     deltas, completion, generated, calls, request = asyncio.run(run())
     assert deltas == ["Hel", "lo", "!"] and completion.text == generated.text == "Hello!"
     assert [call.cancelled for call in calls] == [False, False]
+    assert all(call.read_to_end for call in calls)  # not dropped at the final response (B5)
     assert request[0]["parameters"] == {"triton_enable_empty_final_response": True}
     assert request[0]["request_id"] == completion.request_id
 
@@ -305,9 +315,11 @@ def test_async_early_close_cancels_and_errors_raise():
             await stream.__anext__()
         stop_request = [r async for r in calls[-1].requests]
         assert stop_request[0]["model_name"] == "llm" and stop_request[0]["request_id"] == stream.request_id
-        failing, _ = fake_aio_client([(None, InferenceServerException(msg="bad prompt"))])
+        failing, failed_calls = fake_aio_client([(None, InferenceServerException(msg="bad prompt")), (None, None)])
         with pytest.raises(GenerationError, match="bad prompt"):
             await failing.generate("p")
+        # A server error ends the request: the call is read to its end, not cancelled, and no `stop` is sent.
+        assert len(failed_calls) == 1 and not failed_calls[0].cancelled and failed_calls[0].read_to_end
         cut, _ = fake_aio_client(STREAM_SCRIPT[:1])
         with pytest.raises(GenerationError, match="before sending a final response"):
             await cut.generate("p")
