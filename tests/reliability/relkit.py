@@ -461,20 +461,34 @@ def summarize(run: LoadResult) -> dict:
 
 
 class Sampler:
-    """RSS of the server tree and engine gauges, once a second (``tick`` is open_loop's ``on_tick``)."""
+    """RSS of the server tree and engine gauges, once a second (``tick`` is open_loop's ``on_tick``).
+    With ``progress_s`` (the run's length) a progress bar shows them on stderr (the long scripts)."""
 
-    def __init__(self, pid: int, metrics_url: str):
+    def __init__(self, pid: int, metrics_url: str, progress_s: float | None = None):
         self.pid, self.metrics_url = pid, metrics_url
         self.rows: list[dict] = []
+        self.bar = None
+        if progress_s is not None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=round(progress_s), desc="load", bar_format="{desc} |{bar}| {n}/{total} s")
 
     def tick(self, elapsed: float) -> None:
         row = {"t": round(elapsed, 1), "rss_mib": round(rss_tree_mib(self.pid), 1)}
         try:
             s = snapshot(self.metrics_url)
             row.update(active=s.active, queued=s.queued)
-        except requests.RequestException:
+        except OSError:  # the metrics port did not answer this second
             row.update(active=None, queued=None)
         self.rows.append(row)
+        if self.bar is not None:
+            self.bar.set_description_str(f"load: RSS {row['rss_mib']} MiB, active {row['active']}, "
+                                         f"queued {row['queued']}", refresh=False)
+            self.bar.update(min(round(elapsed), self.bar.total) - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
     @property
     def peak_rss(self) -> float:
@@ -482,15 +496,16 @@ class Sampler:
 
 
 def overload(server, factor: float, duration_s: float, max_tokens: int, slots: int, stream: bool = True,
-             capacity: float | None = None, timeout_s: float = 60.0) -> dict:
+             capacity: float | None = None, timeout_s: float = 60.0, progress: bool = False) -> dict:
     """Measure capacity (unless given), then offer ``factor`` x capacity for ``duration_s`` (Poisson)."""
     if capacity is None:
         capacity = measure_capacity(server.urls.grpc, slots, max_tokens)
-    sampler = Sampler(server.process.pid, server.urls.metrics)
+    sampler = Sampler(server.process.pid, server.urls.metrics, duration_s if progress else None)
     sampler.tick(0.0)
     baseline = sampler.rows[0]["rss_mib"]
     run = asyncio.run(open_loop(server.urls.grpc, factor * capacity, duration_s, max_tokens, stream=stream,
                                 timeout_s=timeout_s, on_tick=sampler.tick))
+    sampler.close()
     report = {"capacity_rps": round(capacity, 2), "capacity_probe": CAPACITY_PROBES[-1:],
               "offered_rps": round(factor * capacity, 1),
               "duration_s": duration_s, "max_tokens": max_tokens, "stream": stream, **summarize(run),
@@ -516,14 +531,15 @@ def windows(outcomes: list[Outcome], begin: float, width_s: float) -> list[dict]
 
 
 def soak(server, fraction: float, duration_s: float, max_tokens: int, slots: int, window_s: float = 10.0,
-         capacity: float | None = None) -> dict:
+         capacity: float | None = None, progress: bool = False) -> dict:
     """``fraction`` x capacity (Poisson, streamed) for ``duration_s``; RSS each second, latency per window."""
     if capacity is None:
         capacity = measure_capacity(server.urls.grpc, slots, max_tokens)
-    sampler = Sampler(server.process.pid, server.urls.metrics)
+    sampler = Sampler(server.process.pid, server.urls.metrics, duration_s if progress else None)
     begin = time.perf_counter()
     run = asyncio.run(open_loop(server.urls.grpc, fraction * capacity, duration_s, max_tokens, stream=True,
                                 timeout_s=60, seed=1, on_tick=sampler.tick))
+    sampler.close()
     rss = [r["rss_mib"] for r in sampler.rows]
     head = rss[: max(1, len(rss) // 10)]  # first 10% of the run (after warm-up: capacity was measured first)
     tail = rss[-max(1, len(rss) // 10):]

@@ -20,10 +20,8 @@ import codecs
 import importlib.util
 import json
 import math
-import os
 import sys
 import types
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -227,9 +225,8 @@ def preprocessing(tiny_checkpoint):
     sys.modules["triton_python_backend_utils"] = fake_pb_utils()
     sys.modules.pop("serving.triton_io", None)
     try:
-        # RELIABILITY_REPOSITORY: fuzz a rendered (e.g. patched scratch) repository instead of the source tree.
-        repo = Path(os.environ.get("RELIABILITY_REPOSITORY", PROJECT_ROOT / "model_repository"))
-        spec = importlib.util.spec_from_file_location("rel_preprocessing_model", repo / "preprocessing/1/model.py")
+        spec = importlib.util.spec_from_file_location("rel_preprocessing_model",
+                                                      PROJECT_ROOT / "model_repository/preprocessing/1/model.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         model = module.TritonPythonModel()

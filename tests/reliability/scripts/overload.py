@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     repo, slots = repository(args, limits={"max_batch_size": args.slots or 2}, llm_queue=args.llm_queue)
     server = relkit.start_server(repo, args.workdir, name=args.name)
     try:
-        result = relkit.overload(server, args.factor, args.duration, args.max_tokens, slots)
+        result = relkit.overload(server, args.factor, args.duration, args.max_tokens, slots, progress=True)
         result["report"]["idle_after"] = relkit.idle(server.urls.metrics, timeout=60).active == 0
     finally:
         rc = server.stop()

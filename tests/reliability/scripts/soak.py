@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     server = relkit.start_server(repo, args.workdir, name=args.name)
     try:
         started = time.time()
-        result = relkit.soak(server, args.fraction, args.duration, args.max_tokens, slots)
+        result = relkit.soak(server, args.fraction, args.duration, args.max_tokens, slots, progress=True)
         result["report"]["wall_s"] = round(time.time() - started, 1)
         result["report"]["repository"] = str(repo)
     finally:
