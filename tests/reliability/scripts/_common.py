@@ -57,6 +57,17 @@ def repository(args, limits: dict | None = None, llm_queue: int = 32) -> tuple[P
     return relkit.render(args.workdir / f"repo-{tag}-q{llm_queue}", engine, checkpoint, llm_queue=llm_queue), slots
 
 
+def on_server(args, repo: Path, load: Callable[[object], dict]) -> dict:
+    """Start a server on ``repo``, run ``load(server)``, stop it (drain included): the exit code goes in the report."""
+    server = relkit.start_server(repo, args.workdir, name=args.name)
+    try:
+        result = load(server)
+    finally:
+        rc = server.stop()
+    result["report"]["server_exit_code"] = rc
+    return result
+
+
 def write_json(path: Path, data) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from _common import parser, publish, relkit, replot, repository
+from _common import on_server, parser, publish, relkit, replot, repository
 
 
 def plot(result: dict, path) -> None:
@@ -62,14 +62,14 @@ def main(argv=None) -> int:
     if replot(args, plot):
         return 0
     repo, slots = repository(args, limits={"max_batch_size": args.slots or 2}, llm_queue=args.llm_queue)
-    server = relkit.start_server(repo, args.workdir, name=args.name)
-    try:
+
+    def load(server) -> dict:
         result = relkit.overload(server, args.factor, args.duration, args.max_tokens, slots, progress=True)
         result["report"]["idle_after"] = relkit.idle(server.urls.metrics, timeout=60).active == 0
-    finally:
-        rc = server.stop()
+        return result
+
+    result = on_server(args, repo, load)
     r = result["report"]
-    r["server_exit_code"] = rc
     publish(args, {"report": r, "samples": result["samples"],
                    "outcomes": [[round(o.start, 4), round(o.latency_s, 4), o.kind] for o in result["outcomes"]]},
             result, plot)

@@ -14,7 +14,7 @@ import math
 import sys
 import time
 
-from _common import parser, publish, relkit, replot, repository
+from _common import on_server, parser, publish, relkit, replot, repository
 
 
 def plot(result: dict, path) -> None:
@@ -36,7 +36,7 @@ def plot(result: dict, path) -> None:
     ax2.plot([x["t"] for x in w], [x["p99_ms"] for x in w], color="tab:red", marker=".", label="P99 latency")
     ax2.plot([x["t"] for x in w], [x["p50_ms"] for x in w], color="tab:orange", marker=".", label="P50 latency")
     ax2.set_ylabel("end-to-end latency per 10 s window (ms)", color="tab:red")
-    top = max(x["p99_ms"] for x in w) * 1.3
+    top = max((x["p99_ms"] for x in w), default=1.0) * 1.3  # no full window in a run shorter than one
     ax2.set_ylim(0, top)
     failed = [x for x in result["windows"] if x["n"] > x["ok"]]
     if failed:  # timeouts end 60 s after they started; rejections at once
@@ -64,15 +64,14 @@ def main(argv=None) -> int:
     if replot(args, plot):
         return 0
     repo, slots = repository(args)
-    server = relkit.start_server(repo, args.workdir, name=args.name)
-    try:
+
+    def load(server) -> dict:
         started = time.time()
         result = relkit.soak(server, args.fraction, args.duration, args.max_tokens, slots, progress=True)
-        result["report"]["wall_s"] = round(time.time() - started, 1)
-        result["report"]["repository"] = str(repo)
-    finally:
-        rc = server.stop()
-    result["report"]["server_exit_code"] = rc
+        result["report"].update(wall_s=round(time.time() - started, 1), repository=str(repo))
+        return result
+
+    result = on_server(args, repo, load)
     r = result["report"]
     publish(args, {"report": r, "samples": result["samples"], "windows": result["windows"]}, result, plot)
     stable = r["window_p99_ms_last"] <= 2 * r["window_p99_ms_median"]
