@@ -13,7 +13,7 @@ import threading
 import time
 from collections import defaultdict
 
-from serving.prometheus import Samples, parse, scrape  # noqa: F401 (re-exported for loadtest users)
+from serving.prometheus import Samples, scrape
 
 NV_COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
                "nv_inference_exec_count", "nv_inference_request_duration_us", "nv_inference_queue_duration_us",

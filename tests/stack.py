@@ -10,7 +10,7 @@ TEST_LIMITS = dict(max_batch_size=8, max_input_len=192, max_seq_len=256, max_num
 
 
 def stack_profile(engine: Path, tokenizer: Path, *, llm_queue: int = 32, text_queue: int = 128,
-                       max_batch_size: int = 8, text_instances: int = 1, postprocessing_batcher: bool = False):
+                  max_batch_size: int = 8, text_instances: int = 1, postprocessing_batcher: bool = False):
     """``postprocessing_batcher=True`` renders postprocessing as it was before d5b752c (a dynamic batcher with
     queue ``text_queue``), to reproduce bug B1 of docs/reliability.md; builders/profiles/cpu.yaml says why not."""
     from builders.profile import DynamicBatcher, LLMStage, ServingProfile, Stage

@@ -17,6 +17,7 @@ from loadtest.inputs import PromptTokenizer, generate_requests, perf_analyzer_da
 from loadtest.results import LevelResult, Stats, parse_level
 from loadtest.spec import (SLO, Inputs, Load, LoadProfile, Measurement, PromptMix, TokenDist, available_profiles,
                            load_profile)
+from serving.prometheus import parse, scrape
 
 REQUIRED_PROFILES = {"smoke", "concurrency", "poisson", "long-prompt", "streaming"}
 
@@ -290,11 +291,11 @@ def test_trace_files_give_per_stage_times(tmp_path):
 
 
 def test_metrics_deltas_with_and_without_the_engine_series():
-    before = metrics.parse('nv_inference_request_success{model="llm",version="1"} 10\n'
+    before = parse('nv_inference_request_success{model="llm",version="1"} 10\n'
                            'nv_inference_queue_duration_us{model="llm",version="1"} 1000\n'
                            'nv_inference_count{model="llm",version="1"} 10\n'
                            'nv_inference_exec_count{model="llm",version="1"} 10\n')
-    after = metrics.parse('# HELP x\nnv_inference_request_success{model="llm",version="1"} 30\n'
+    after = parse('# HELP x\nnv_inference_request_success{model="llm",version="1"} 30\n'
                           'nv_inference_queue_duration_us{model="llm",version="1"} 5000\n'
                           'nv_inference_count{model="llm",version="1"} 30\n'
                           'nv_inference_exec_count{model="llm",version="1"} 20\n'
@@ -303,13 +304,13 @@ def test_metrics_deltas_with_and_without_the_engine_series():
     assert s["models"]["llm"]["avg_queue_duration_us"] == pytest.approx(200)
     assert s["models"]["llm"]["avg_batch_size"] == pytest.approx(2)
     assert "engine_histograms" not in s  # custom series absent: no error, no key
-    hist = metrics.parse('llm_time_to_first_token_seconds_bucket{le="0.01"} 50\n'
+    hist = parse('llm_time_to_first_token_seconds_bucket{le="0.01"} 50\n'
                          'llm_time_to_first_token_seconds_bucket{le="0.1"} 90\n'
                          'llm_time_to_first_token_seconds_bucket{le="+Inf"} 100\n'
                          'llm_time_to_first_token_seconds_count 100\nllm_time_to_first_token_seconds_sum 3\n')
     h = metrics.interval_summary({}, hist)["engine_histograms"]["llm_time_to_first_token_seconds"]
     assert h["count"] == 100 and h["avg_ms"] == pytest.approx(30) and h["p50_ms"] == pytest.approx(10)
-    assert metrics.scrape("http://localhost:1/metrics") == {}
+    assert scrape("http://localhost:1/metrics") == {}
 
 
 # ---------------------------------------------------------------------------------------------- diagnosis

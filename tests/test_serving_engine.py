@@ -16,14 +16,7 @@ from builders.repository import render_repository
 from client import AsyncLLMClient, GenerationError, LLMClient, SamplingParams
 from serving.launcher import ServerConfig, TritonServer
 from serving.prometheus import fetch, total
-from tests.triton_helpers import stream_request, text_inputs, texts
-
-
-def wait_for(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+from tests.triton_helpers import stream_request, text_inputs, texts, wait_for
 
 
 def start_server(repo, tmp_path):

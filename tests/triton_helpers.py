@@ -1,8 +1,9 @@
-"""Raw tritonclient calls used by the integration tests (below the client SDK on purpose)."""
+"""Helpers of the integration tests: raw tritonclient calls (below the client SDK on purpose) and waiting."""
 
 from __future__ import annotations
 
 import queue
+import time
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -57,3 +58,15 @@ def stream_request(grpc_url: str, model: str, inputs, timeout: float = 120.0):
 
 def texts(responses) -> list[bytes]:
     return [r["text_output"].reshape(-1)[0] for r in responses]
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition", every: float = 0.05):
+    """Poll ``predicate`` until it returns something true, and return that; AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import psutil
 import requests
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +28,7 @@ if str(PROJECT_ROOT) not in sys.path:  # scripts run as files
 
 from serving.prometheus import fetch, total  # noqa: E402
 from tests.stack import TEST_LIMITS, stack_profile  # noqa: E402
-PAGE = os.sysconf("SC_PAGE_SIZE")
+from tests.triton_helpers import wait_for  # noqa: E402 (the reliability tests call relkit.wait_for too)
 
 
 # ------------------------------------------------------------------------------------------- stacks
@@ -70,46 +72,24 @@ def start_server(repo: Path, log_dir: Path, exit_timeout_secs: int = 10, name: s
 # ------------------------------------------------------------------------------------------- processes
 
 
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        kids.setdefault(ppid, []).append(int(entry))
-    return kids
-
-
-def process_tree(pid: int) -> list[int]:
+def process_tree(pid: int) -> list[psutil.Process]:
     """``pid`` and all its descendants (tritonserver + one Python stub per model instance)."""
-    kids, out, todo = _children(), [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += kids.get(p, [])
-    return out
-
-
-def rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * PAGE
-    except OSError:
-        return 0
-
-
-def rss_tree_bytes(pid: int) -> int:
-    """Resident memory of the server's whole process tree, from /proc."""
-    return sum(rss_bytes(p) for p in process_tree(pid))
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
 
 
 def rss_tree_mib(pid: int) -> float:
-    return rss_tree_bytes(pid) / 2**20
+    """Resident memory of the server's whole process tree; 0 for a process that has gone."""
+    rss = 0
+    try:
+        for proc in process_tree(pid):
+            try:
+                rss += proc.memory_info().rss
+            except psutil.Error:  # a stub that exited meanwhile
+                pass
+    except psutil.NoSuchProcess:
+        pass
+    return rss / 2**20
 
 
 # ------------------------------------------------------------------------------------------- metrics
@@ -125,7 +105,6 @@ class Snapshot:
     ensemble_failure: float
     postprocessing_rejected: float = 0.0
     never_reached_engine: float = 0.0  # llm/preprocessing requests Triton dropped as cancelled before execute
-
 
     @property
     def ensemble_done(self) -> float:
@@ -146,17 +125,6 @@ def snapshot(metrics_url: str) -> Snapshot:
     )
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition", every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
-
-
 def idle(metrics_url: str, timeout: float = 30.0) -> Snapshot:
     """Wait until no slot is held and nothing is queued; return that snapshot."""
     return wait_for(lambda: (s := snapshot(metrics_url)).active == 0 and s.queued == 0 and s, timeout,
@@ -173,13 +141,9 @@ def live(http_url: str) -> bool:
 # ------------------------------------------------------------------------------------------- stats
 
 
-def percentile(values, q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100); NaN for no values."""
-    values = sorted(values)
-    if not values:
-        return math.nan
-    rank = max(1, math.ceil(q / 100 * len(values)))
-    return values[rank - 1]
+    return float(np.percentile(values, q, method="inverted_cdf")) if len(values) else math.nan
 
 
 # ------------------------------------------------------------------------------------------- load
