@@ -1,9 +1,8 @@
 """Start, watch and stop a real ``tritonserver`` (used by ``python -m serving serve`` and by test fixtures).
 
-Two installs are supported: the NGC container (``/opt/tritonserver``) and, everywhere else, the
-tritonserver 2.51 that ships inside the ``nvidia-pytriton`` wheel. The launcher stays the server's parent so
-that, when start-up fails, it can read the server's log and say *why* (which model, which error, which port)
-instead of leaving the user with a few hundred lines of Triton output.
+The launcher stays the server's parent: when start-up fails it reads the server's log and says *why*
+(serving/server_log.py), and on SIGTERM it drains before it stops the server (serving/drain.py). Finding the
+server and preparing its environment is serving/triton_install.py.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import argparse
 import collections
 import contextlib
 import dataclasses
-import importlib.util
 import os
 import re
 import secrets
@@ -21,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
@@ -32,10 +29,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from serving.drain import DRAIN_FILE_ENV, drain
+from serving.server_log import diagnose
+from serving.triton_install import (PROJECT_ROOT, ServerStartError, TritonInstall, check_project_importable,
+                                    find_tritonserver, server_env)
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-NGC_ROOT = Path("/opt/tritonserver")
-DEFAULT_BACKEND_WORK_DIR = PROJECT_ROOT / "build" / "triton_backends"
 PORT_ENV = {"http_port": "HTTP_PORT", "grpc_port": "GRPC_PORT", "metrics_port": "METRICS_PORT"}
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 # APIs that can change what is served or map client memory: usable only with the admin-key header.
@@ -43,71 +40,6 @@ RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
 # After a drain nothing is in flight; what tritonserver still waits for then is a client's idle HTTP
 # keep-alive connection or a model a gRPC call left referenced (docs/reliability.md, causes D and E).
 EXIT_TIMEOUT_AFTER_DRAIN_SECS = 10
-
-
-class ServerStartError(RuntimeError):
-    """tritonserver could not start or become ready; the message says why."""
-
-
-# ---------------------------------------------------------------------------------------------- install
-
-
-@dataclass(frozen=True)
-class TritonInstall:
-    binary: Path
-    backend_dir: Path
-    lib_dir: Path | None = None  # prepended to LD_LIBRARY_PATH (wheel only)
-
-
-def find_tritonserver(work_dir: Path | None = None) -> TritonInstall:
-    """The NGC container's server if present, else the pytriton wheel's (backend dir prepared in work_dir)."""
-    if (NGC_ROOT / "bin" / "tritonserver").exists():
-        return TritonInstall(NGC_ROOT / "bin" / "tritonserver", NGC_ROOT / "backends")
-    spec = importlib.util.find_spec("pytriton")  # locate without importing pytriton itself
-    if spec is None or not spec.submodule_search_locations:
-        raise ServerStartError(
-            "no tritonserver found: /opt/tritonserver/bin/tritonserver is absent and nvidia-pytriton is not "
-            "installed (pip install -e .)"
-        )
-    pkg = Path(next(iter(spec.submodule_search_locations)))
-    wheel = pkg / "tritonserver"
-    py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = wheel / "python_backend_stubs" / py / "triton_python_backend_stub"
-    if not stub.exists():
-        raise ServerStartError(f"nvidia-pytriton has no Python backend stub for Python {py} ({stub})")
-    backend_dir = Path(work_dir or DEFAULT_BACKEND_WORK_DIR)
-    python_dir = backend_dir / "python"
-    python_dir.mkdir(parents=True, exist_ok=True)
-    # The python backend looks for the stub next to libtriton_python.so, so all three live in one folder.
-    for src in (wheel / "backends/python/libtriton_python.so",
-                wheel / "backends/python/triton_python_backend_utils.py", stub):
-        _copy_if_changed(src, python_dir / src.name)
-    return TritonInstall(wheel / "bin" / "tritonserver", backend_dir, pkg.parent / "nvidia_pytriton.libs")
-
-
-def _copy_if_changed(src: Path, dst: Path) -> None:
-    s = src.stat()
-    if dst.exists() and not dst.is_symlink():
-        d = dst.stat()
-        if d.st_size == s.st_size and int(d.st_mtime) == int(s.st_mtime):
-            return
-    # Copy then rename: a concurrently starting server never sees a half-written file.
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    shutil.copy2(src, tmp)
-    os.replace(tmp, dst)
-
-
-def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for tritonserver. The Python stub ignores PYTHONPATH for sys.path, but model.py files
-    prepend os.environ["PYTHONPATH"] themselves: it must name the project and this interpreter's packages."""
-    env = dict(os.environ if base is None else base)
-    paths = [str(PROJECT_ROOT), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    paths += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    if install.lib_dir is not None:
-        libs = [str(install.lib_dir)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
-    return env
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -187,108 +119,6 @@ def build_command(config: ServerConfig, install: TritonInstall, admin_key: str) 
     ]
 
 
-# ---------------------------------------------------------------------------------------------- diagnosis
-
-_ESCAPE = re.compile(r"\\(.)")
-_QUOTED = re.compile(r'^[IWE]\d{4} [\d:.]+\s+\d+ \S+\] "(.*)"\s*$')
-_SOCKET_BUSY = re.compile(r"failed to start (\w+) service: .*?Socket '(.*):(\d+)' already in use")
-_MODEL_ERRORS = [
-    re.compile(r"failed to load '(?P<model>[^']+)' version \d+: (?P<msg>.*)", re.S),
-    re.compile(r"failed to load model '(?P<model>[^']+)': (?P<msg>.*)", re.S),
-    re.compile(r"Poll failed for model directory '(?P<model>[^']+)': (?P<msg>.*)", re.S),
-    re.compile(r"ensemble '(?P<model>[^']+)' (?P<msg>depends on '[^']+' which has no loaded version)"),
-]
-_PROTO_ERROR = re.compile(r"Error parsing text-format inference\.ModelConfig: (.*)")
-
-
-def _message(line: str) -> str:
-    """Triton logs most messages as one C-escaped quoted string; return it unescaped."""
-    m = _QUOTED.match(line)
-    if not m:
-        return line
-    return _ESCAPE.sub(lambda e: {"n": "\n", "t": "\t"}.get(e.group(1), e.group(1)), m.group(1))
-
-
-def _short(msg: str) -> str:
-    """First line of an error plus the innermost Python frame (pybind lists it first after 'At:')."""
-    lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
-    if not lines:
-        return ""
-    out = lines[0]
-    if "At:" in lines:
-        frames = lines[lines.index("At:") + 1:]
-        if frames:
-            out += f" (at {frames[0]})"
-    return out
-
-
-def _status_table(lines: list[str]) -> dict[str, str]:
-    """The 'Model | Version | Status' table Triton prints after loading; multi-line cells are joined."""
-    rows: dict[str, list[str]] = {}
-    inside, current = False, None
-    for line in lines:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else None
-        if cells and cells[:3] == ["Model", "Version", "Status"]:
-            inside, rows = True, {}
-        elif inside and cells is None and not line.startswith("+"):
-            inside = False
-        elif inside and cells and len(cells) == 3:
-            if cells[0]:
-                current = cells[0]
-                rows[current] = [cells[2]]
-            elif current:
-                rows[current].append(cells[2])
-    return {k: "\n".join(v) for k, v in rows.items()}
-
-
-def diagnose(log: str, config: ServerConfig | None = None) -> str:
-    """A short explanation of why the server did not come up, from its log."""
-    lines = log.splitlines()
-    reasons: list[str] = []
-    models: dict[str, str] = {}
-    loading: dict[str, None] = {}
-    proto_error: str | None = None
-    generic_busy: str | None = None
-    for line in lines:
-        msg = _message(line)
-        if m := _PROTO_ERROR.search(line):
-            proto_error = m.group(1).strip()
-        if m := _SOCKET_BUSY.search(msg):
-            port = int(m.group(3))
-            env = next((v for k, v in PORT_ENV.items() if config and getattr(config, k) == port), None)
-            reasons.append(f"port {port}" + (f" ({env})" if env else "") + f" is already in use "
-                           f"({m.group(1)} service could not bind {m.group(2)}:{port})")
-        elif "Address already in use" in msg and generic_busy is None:
-            generic_busy = "a port is already in use: " + msg.strip()[:200]
-        if m := re.match(r"loading: (.+):\d+$", msg):
-            loading[m.group(1)] = None
-        if m := re.match(r"successfully loaded '([^']+)'", msg):
-            loading.pop(m.group(1), None)
-        for pattern in _MODEL_ERRORS:
-            if (m := pattern.search(msg)) and m.group("model") not in models:
-                text = _short(m.group("msg"))
-                if pattern is _MODEL_ERRORS[2] and proto_error:
-                    text += f": {proto_error}"
-                models[m.group("model")] = text
-                loading.pop(m.group("model"), None)
-                break
-    for model, status in _status_table(lines).items():
-        if status != "READY" and model not in models:
-            models[model] = _short(status)
-    if generic_busy and not reasons:
-        reasons.append(generic_busy)
-    reasons += [f"model '{name}': {text}" for name, text in models.items()]
-    if loading and not models:
-        reasons.append("still loading: " + ", ".join(loading))
-    final = [ln.strip() for ln in lines if ln.startswith("error: ")]
-    if final:
-        reasons.append(final[-1])
-    if not reasons:  # unknown failure: show the error-level lines, or the tail of the log
-        errors = [ln for ln in lines if ln[:1] == "E" and "CudaDriverHelper" not in ln]
-        reasons = (errors or lines)[-10:]
-    return "\n".join(f"  - {r}" for r in reasons)
-
-
 # ---------------------------------------------------------------------------------------------- server
 
 
@@ -339,6 +169,7 @@ class TritonServer:
         self.admin_key = self.admin_key or secrets.token_urlsafe(24)  # never printed
         cmd = build_command(self.config, self.install, self.admin_key)
         env = server_env(self.install)
+        check_project_importable(env)
         if self.config.drain:  # one per server: the models' stubs stat() it before taking a request
             self.drain_file = Path(tempfile.mkdtemp(prefix="triton-llm-drain-")) / "draining"
             env[DRAIN_FILE_ENV] = str(self.drain_file)
@@ -374,6 +205,9 @@ class TritonServer:
         with self._echo_lock:
             print(text, flush=True)
 
+    def port_names(self) -> dict[int, str]:
+        return {getattr(self.config, name): env for name, env in PORT_ENV.items()}
+
     def log_text(self) -> str:
         if self.config.log_file is not None and Path(self.config.log_file).exists():
             return Path(self.config.log_file).read_text("utf-8", "replace")
@@ -406,7 +240,7 @@ class TritonServer:
         self.stop()
         log = self.log_text()
         where = f" (log: {self.config.log_file})" if self.config.log_file else ""
-        raise ServerStartError(f"{problem}{where}:\n{diagnose(log, self.config)}")
+        raise ServerStartError(f"{problem}{where}:\n{diagnose(log, self.port_names())}")
 
     def drain(self) -> bool:
         """Refuse new requests (UNAVAILABLE) and wait, up to exit_timeout_secs, until the accepted ones have
@@ -465,6 +299,12 @@ class TritonServer:
 # ---------------------------------------------------------------------------------------------- CLI
 
 
+def tensorrt_llm_models(model_repository: Path) -> list[str]:
+    """Models of the repository served by the C++ ``tensorrtllm`` backend (a cheap look at the configs)."""
+    return sorted(cfg.parent.name for cfg in Path(model_repository).glob("*/config.pbtxt")
+                  if re.search(r'^\s*backend:\s*"tensorrtllm"', cfg.read_text(), re.M))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []  # passed verbatim to tritonserver
@@ -480,12 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-verbose", type=int, default=0)
     serve.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
     args = parser.parse_args(argv)
-    from builders.trtllm.manifest import EngineMismatch, check_repository
-
-    try:
-        check_repository(args.model_repository)  # CPU repositories pass without looking for a GPU
-    except EngineMismatch as exc:
-        print(f"serving: {exc}", file=sys.stderr, flush=True)
+    if engines := tensorrt_llm_models(args.model_repository):
+        print(f"serving: {', '.join(engines)} runs TensorRT-LLM engines: serve GPU repositories with "
+              f"`python -m builders.trtllm serve --model-repository {args.model_repository}`, which first checks "
+              "each engine against this GPU and TensorRT-LLM version", file=sys.stderr, flush=True)
         return 1
 
     try:

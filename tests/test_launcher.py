@@ -16,20 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from serving import stub_python
 from serving.drain import LLM_GRACE_S, PREPROCESSING_GRACE_S, DrainGate
-from serving.launcher import (
-    EXIT_TIMEOUT_AFTER_DRAIN_SECS,
-    PROJECT_ROOT,
-    ServerConfig,
-    ServerStartError,
-    TritonInstall,
-    TritonServer,
-    build_command,
-    diagnose,
-    find_tritonserver,
-    free_port,
-    server_env,
-)
+from serving.launcher import EXIT_TIMEOUT_AFTER_DRAIN_SECS, ServerConfig, TritonServer, build_command, free_port
+from serving.server_log import FOREIGN_PYTHON_HINT, diagnose
+from serving.triton_install import (PROJECT_ROOT, ServerStartError, TritonInstall, check_project_importable,
+                                    find_tritonserver, server_env)
 
 CONFIG = """\
 name: "{name}"
@@ -40,10 +32,8 @@ output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 """
 
-# Like the project's models: the stub ignores PYTHONPATH, so model.py puts it on sys.path itself.
+# Like the project's models: numpy and the project come from the launcher's environment, which the stub embeds.
 MODEL = """\
-import os, sys
-sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -198,7 +188,7 @@ def test_port_taken_after_the_check_is_diagnosed_from_the_log():
     # The bind test can race with another process; then the server's own log names the port.
     log = ("E1202 12:49:38.605574 4364 main.cc:293] \"failed to start Metrics service: "
            "Unavailable - Socket '0.0.0.0:28132' already in use \"\n")
-    text = diagnose(log, ServerConfig(Path("r"), 28130, 28131, 28132))
+    text = diagnose(log, {28130: "HTTP_PORT", 28131: "GRPC_PORT", 28132: "METRICS_PORT"})
     assert "port 28132 (METRICS_PORT) is already in use" in text
 
 
@@ -251,3 +241,118 @@ def test_cli_explains_a_failed_start(install, good_repo, tmp_path):
     text = out.read_text()
     assert "serving: failed to start tritonserver" in text
     assert "model 'broken': Internal: ModuleNotFoundError: No module named 'no_such_module_xyz'" in text
+
+
+# ---- the stub embeds the launcher's interpreter, whatever shell it was started from (serving/stub_python.py)
+
+STDLIB_C_MODULES = "import ssl, sqlite3, ctypes, hashlib, lzma, _ssl"
+
+
+def _activated(venv_bin: Path) -> dict[str, str]:
+    """What `source .venv/bin/activate` does to the environment."""
+    return {"PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": str(venv_bin.parent)}
+
+
+def _other_python_bin(tmp_path: Path) -> Path:
+    """A folder whose python3 is another interpreter than this one (Debian's, when the venv is pyenv's)."""
+    for exe in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if Path(exe).exists() and not os.path.samefile(exe, sys.executable):
+            (tmp_path / "other-bin").mkdir()
+            (tmp_path / "other-bin" / "python3").symlink_to(exe)
+            return tmp_path / "other-bin"
+    pytest.skip("no second Python on this machine")
+
+
+def test_stub_environment_names_this_interpreter_first(monkeypatch, tmp_path):
+    env = stub_python.stub_environment({"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": "/x", "PYTHONHOME": "/usr",
+                                        "PYTHONPATH": "/somewhere"})
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    assert os.path.samefile(Path(env["PATH"].split(os.pathsep)[0]) / "python3", sys.executable)
+    lib = stub_python.shared_library()
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep) == [str(lib.parent), "/x"]
+    assert "PYTHONHOME" not in env and "PYTHONPATH" not in env
+    want = json.loads(env[stub_python.EXPECTED_ENV])
+    assert want["version"] == ".".join(map(str, sys.version_info[:3])) and want["prefix"] == os.path.realpath(sys.prefix)
+    # The wheel's libraries come after libpython's folder, never before it.
+    install = TritonInstall(Path("/bin/tritonserver"), Path("/be"), Path("/wheel/libs"))
+    assert server_env(install, {"PATH": "/bin"})["LD_LIBRARY_PATH"].split(os.pathsep)[:2] == [str(lib.parent),
+                                                                                             "/wheel/libs"]
+
+
+def test_a_python_without_shared_library_is_refused_with_advice(monkeypatch):
+    real = stub_python.sysconfig.get_config_var
+    monkeypatch.setattr(stub_python.sysconfig, "get_config_var",
+                        lambda name: "/nonexistent" if name == "LIBDIR" else real(name))
+    with pytest.raises(stub_python.StubPythonError, match=r"has no shared library libpython3\.\d+\.so.*"
+                       r"--enable-shared"):
+        stub_python.stub_environment(dict(os.environ))
+    with pytest.raises(ServerStartError, match="--enable-shared"):
+        server_env(TritonInstall(Path("/bin/tritonserver"), Path("/be")))
+
+
+def test_project_must_be_importable_from_the_environment(tmp_path):
+    check_project_importable(server_env(TritonInstall(Path("/bin/tritonserver"), Path("/be"))))
+    env = server_env(TritonInstall(Path("/bin/tritonserver"), Path("/be")))
+    # Another Python, which has no editable install of this checkout: refused with the fix.
+    other = subprocess.run(["/usr/bin/env", "python3", "-c", "import sys; print(sys.executable)"],
+                           env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE, text=True).stdout.strip()
+    if not other or os.path.samefile(other, sys.executable):
+        pytest.skip("no second Python on this machine")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("serving.triton_install.sys.executable", other)
+        with pytest.raises(ServerStartError, match=r"cannot import it: install this checkout there \(make venv"):
+            check_project_importable(env)
+
+
+@pytest.mark.parametrize("shell", ["plain", "venv-activated", "other-python-first"])
+def test_stub_runs_the_launchers_python_in_any_shell(install, tmp_path, monkeypatch, shell):
+    """The model imports the C modules whose ABI moved between 3.11 patch releases (B6: `import ssl` died
+    with an activated venv) and reports the interpreter it runs, which must be the launcher's."""
+    venv_bin = Path(sys.executable).parent
+    if shell == "venv-activated":
+        for key, value in _activated(venv_bin).items():
+            monkeypatch.setenv(key, value)
+    elif shell == "other-python-first":
+        monkeypatch.setenv("PATH", f"{_other_python_bin(tmp_path)}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setenv("PYTHONHOME", "/usr")  # ignored by the isolated stub: must not matter either
+    repo = tmp_path / "repo"
+    write_model(repo, "stdlib", init=f"{STDLIB_C_MODULES}; from serving.stub_python import check_stub; "
+                                     "print(check_stub('stdlib'), flush=True)")
+    server = TritonServer(config_for(repo, tmp_path), install)
+    with server:
+        status, body = http("POST", f"{server.urls.http}/v2/models/stdlib/infer",
+                            {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [1]}]})
+        assert status == 200, body
+    log = server.log_text()
+    version = ".".join(map(str, sys.version_info[:3]))
+    assert f"model 'stdlib' runs Python {version} (prefix {os.path.realpath(sys.prefix)}, " \
+           f"{os.path.realpath(stub_python.shared_library())}), the launcher's interpreter" in log
+
+
+def test_a_stub_on_another_python_refuses_to_load(install, tmp_path, monkeypatch):
+    """If the stub ever embeds another interpreter than the launcher's, the model refuses with one line."""
+    import serving.launcher as launcher
+
+    def foreign(*args, **kwargs):
+        env = server_env(*args, **kwargs)
+        env[stub_python.EXPECTED_ENV] = json.dumps({"version": "3.11.0", "prefix": "/opt/elsewhere",
+                                                    "libpython": "/opt/elsewhere/lib/libpython3.11.so.1.0"})
+        return env
+
+    monkeypatch.setattr(launcher, "server_env", foreign)
+    repo = tmp_path / "repo"
+    write_model(repo, "checked", init="from serving.stub_python import check_stub; check_stub('checked')")
+    with pytest.raises(ServerStartError) as err:
+        with TritonServer(config_for(repo, tmp_path), install):
+            pass
+    msg = str(err.value)
+    assert "model 'checked': " in msg and "but the server was started from Python 3.11.0 (prefix /opt/elsewhere" in msg
+    assert "start it with `make serve` or `python -m serving serve`" in msg
+
+
+def test_foreign_python_symptoms_get_the_hint():
+    log = ("E1203 05:10:58.193326 2625 model_lifecycle.cc:642] \"failed to load 'preprocessing' version 1: Internal: "
+           "ImportError: /x/lib-dynload/_ssl.cpython-311-x86_64-linux-gnu.so: undefined symbol: _PyModule_Add\"\n")
+    text = diagnose(log)
+    assert "model 'preprocessing': Internal: ImportError" in text and FOREIGN_PYTHON_HINT in text
+    assert FOREIGN_PYTHON_HINT not in diagnose(log.replace("undefined symbol: _PyModule_Add", "bad weights"))

@@ -14,13 +14,12 @@ import re
 import sys
 from pathlib import Path
 
-from ..profile import PROJECT_ROOT
-
 NGC_ROOT = Path("/opt/tritonserver")
 
 
 def build_server_argv(model_repository: Path, extra: list[str], multi_gpu_mode: str) -> tuple[list[str], dict]:
-    from serving.launcher import ADMIN_KEY_ENV, ServerConfig, TritonInstall, build_command
+    from serving.launcher import ADMIN_KEY_ENV, ServerConfig, build_command
+    from serving.triton_install import TritonInstall
 
     from .layout import engine_info, server_command
     from .manifest import trtllm_engine_dirs
@@ -64,10 +63,9 @@ def serve_main(argv: list[str] | None = None) -> int:
         print(f"serve: {e}", file=sys.stderr, flush=True)
         return 1
     server_argv, extra_env = build_server_argv(args.model_repository, extra, args.multi_gpu_mode)
+    # The Python stubs embed the image's python3 (first on PATH, not this tool's venv); the image puts the
+    # project on its sys.path with a .pth file (Dockerfile), as the stub ignores PYTHONPATH.
     env = {**os.environ, **extra_env}
-    # The Python stubs put PYTHONPATH on sys.path (model.py): the project only, not this tool's venv.
-    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + [
-        q for q in os.environ.get("STUB_PYTHONPATH", "").split(os.pathsep) if q])
     if args.print_only:
         shown = [re.sub(r"admin-key=\S+", "admin-key=***", a) for a in server_argv]
         print(" ".join(f"{k}={v}" for k, v in extra_env.items()) + (" " if extra_env else "") + " ".join(shown))
