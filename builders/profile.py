@@ -28,7 +28,7 @@ class DynamicBatcher(_Strict):
 
 
 class Stage(_Strict):
-    """A Python-backend stage (tokeniser, detokeniser): instances and batching (None: no dynamic batcher)."""
+    """The tokeniser stage: instances and batching (None: no dynamic batcher)."""
 
     instances: int = Field(1, ge=1)
     batcher: DynamicBatcher | None = DynamicBatcher()
@@ -51,13 +51,11 @@ class ServingProfile(_Strict):
     max_batch_size: int = Field(32, ge=1, description="Triton max_batch_size of the text stages and ensemble")
     llm_model_name: str = "llm"
     preprocessing: Stage = Stage()
-    # No batcher by default: see the note in builders/profiles/cpu.yaml (abandoned streams stay in flight).
-    postprocessing: Stage = Stage(batcher=None)
     llm: LLMStage = LLMStage()
 
     @model_validator(mode="after")
     def _distinct_names(self) -> "ServingProfile":
-        if self.llm_model_name in {"preprocessing", "postprocessing", "ensemble"}:
+        if self.llm_model_name in {"preprocessing", "ensemble"}:
             raise ValueError(f"llm_model_name {self.llm_model_name!r} clashes with another model of the ensemble")
         return self
 

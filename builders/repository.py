@@ -28,7 +28,6 @@ def model_configs(profile: ServingProfile):
     return [
         ("preprocessing", "preprocessing", tc.preprocessing_config(profile, limits)),
         (profile.llm_model_name, "llm", tc.cpu_llm_config(profile, limits)),
-        ("postprocessing", "postprocessing", tc.postprocessing_config(profile)),
         ("ensemble", None, tc.ensemble_config(profile)),
     ]
 

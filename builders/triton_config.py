@@ -52,10 +52,11 @@ LLM_INPUTS = (
 )
 # Only the LLM model takes ``stop`` (TensorRT-LLM's: end the running request with this request id).
 LLM_CONTROL_INPUTS = (_t("stop", "BOOL", optional=True),)
+# TensorRT-LLM's two outputs, then the ensemble's four: the llm answers in text itself (serving.triton_io.
+# llm_response says why no postprocessing model follows it), so the ensemble ends with the llm.
 LLM_OUTPUTS = (
     _t("output_ids", "INT32", (-1, -1)), _t("sequence_length", "INT32", (-1,)),
-    _t("finish_reason", "STRING"), _t("num_input_tokens", "INT32"), _t("num_output_tokens", "INT32"),
-)
+) + ENSEMBLE_OUTPUTS
 # preprocessing turns every ensemble input into the LLM input of the same meaning (all always present).
 PREPROCESSING_OUTPUTS = tuple(TensorSpec(t.name, t.dtype, t.dims) for t in LLM_INPUTS)
 
@@ -96,14 +97,6 @@ def preprocessing_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
     return cfg
 
 
-def postprocessing_config(p: ServingProfile) -> mc.ModelConfig:
-    cfg = _python_model("postprocessing", p.max_batch_size, LLM_OUTPUTS, ENSEMBLE_OUTPUTS,
-                        p.postprocessing.instances, {"tokenizer_dir": p.tokenizer_dir})
-    if p.postprocessing.batcher is not None:
-        cfg.dynamic_batching.CopyFrom(_batcher(p.postprocessing.batcher))
-    return cfg
-
-
 def cpu_llm_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
     cfg = _python_model(p.llm_model_name, p.max_batch_size, LLM_INPUTS + LLM_CONTROL_INPUTS, LLM_OUTPUTS,
                         p.llm.instances,
@@ -126,10 +119,6 @@ def ensemble_config(p: ServingProfile) -> mc.ModelConfig:
         mc.ModelEnsembling.Step(
             model_name=p.llm_model_name, model_version=-1,
             input_map={name: f"_pre_{name}" for name in sorted(llm_inputs)},
-            output_map={t.name: f"_llm_{t.name}" for t in LLM_OUTPUTS}),
-        mc.ModelEnsembling.Step(
-            model_name="postprocessing", model_version=-1,
-            input_map={t.name: f"_llm_{t.name}" for t in LLM_OUTPUTS},
             output_map={t.name: t.name for t in ENSEMBLE_OUTPUTS}),
     ]
     return mc.ModelConfig(name="ensemble", platform="ensemble", max_batch_size=p.max_batch_size,

@@ -8,6 +8,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from serving.drain import SHUTTING_DOWN
+from serving.text import decode_ids
 
 
 class RequestError(ValueError):
@@ -54,3 +55,24 @@ def shutting_down_response() -> "pb_utils.InferenceResponse":
     """A new request during a drain: UNAVAILABLE, so clients and load balancers retry elsewhere."""
     return pb_utils.InferenceResponse(output_tensors=[],
                                       error=pb_utils.TritonError(SHUTTING_DOWN, pb_utils.TritonError.UNAVAILABLE))
+
+
+def llm_response(table: list[bytes], ids: list[int], finish_reason: str, num_input_tokens: int,
+                 num_output_tokens: int) -> "pb_utils.InferenceResponse":
+    """One response of the ``llm`` model (CPU engine and GPU wrapper alike): TensorRT-LLM's ``output_ids`` and
+    ``sequence_length``, and the text of those ids.
+
+    The text is made here, by the one thread that answers the request in order, and not by a
+    postprocessing model after it: Triton runs the responses of one stream on several postprocessing
+    instances at once and forwards whichever finishes first, so a streamed answer could come back scrambled
+    (seen on the first request after start; tensorrtllm_backend#614). ``ids`` end on a complete UTF-8
+    character (serving.text.Utf8Chunker), so each chunk decodes on its own.
+    """
+    return pb_utils.InferenceResponse(output_tensors=[
+        pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, -1)),
+        pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
+        pb_utils.Tensor("text_output", np.array([[decode_ids(table, ids).encode("utf-8")]], dtype=object)),
+        pb_utils.Tensor("finish_reason", np.array([[finish_reason.encode()]], dtype=object)),
+        pb_utils.Tensor("num_input_tokens", np.array([[num_input_tokens]], dtype=np.int32)),
+        pb_utils.Tensor("num_output_tokens", np.array([[num_output_tokens]], dtype=np.int32)),
+    ])

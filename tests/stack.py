@@ -10,14 +10,10 @@ TEST_LIMITS = dict(max_batch_size=8, max_input_len=192, max_seq_len=256, max_num
 
 
 def stack_profile(engine: Path, tokenizer: Path, *, llm_queue: int = 32, text_queue: int = 128,
-                  max_batch_size: int = 8, text_instances: int = 1, postprocessing_batcher: bool = False):
-    """``postprocessing_batcher=True`` renders postprocessing as it was before d5b752c (a dynamic batcher with
-    queue ``text_queue``), to reproduce bug B1 of docs/reliability.md; builders/profiles/cpu.yaml says why not."""
+                  max_batch_size: int = 8, text_instances: int = 1):
     from builders.profile import DynamicBatcher, LLMStage, ServingProfile, Stage
 
     batcher = DynamicBatcher(max_queue_delay_us=0, max_queue_size=text_queue)
     return ServingProfile(name="test", engine_dir=engine, tokenizer_dir=tokenizer, max_batch_size=max_batch_size,
                           preprocessing=Stage(instances=text_instances, batcher=batcher),
-                          postprocessing=Stage(instances=text_instances,
-                                               batcher=batcher if postprocessing_batcher else None),
                           llm=LLMStage(max_queue_size=llm_queue, cpu_threads=1))

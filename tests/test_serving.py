@@ -38,7 +38,7 @@ def hf_greedy(hf, prompt: str, max_new_tokens: int) -> list[int]:
 
 def test_rendered_configs_parse_and_have_no_placeholders(model_repository):
     configs = sorted(model_repository.glob("*/config.pbtxt"))
-    assert {c.parent.name for c in configs} == {"preprocessing", "llm", "postprocessing", "ensemble"}
+    assert {c.parent.name for c in configs} == {"preprocessing", "llm", "ensemble"}
     for path in configs:
         text = path.read_text()
         assert "$" not in text, f"{path} has a template placeholder"
@@ -49,15 +49,16 @@ def test_rendered_configs_parse_and_have_no_placeholders(model_repository):
     assert llm.model_transaction_policy.decoupled
     pre = parse_pbtxt((model_repository / "preprocessing" / "config.pbtxt").read_text())
     assert pre.dynamic_batching.default_queue_policy.max_queue_size == 128
-    post = parse_pbtxt((model_repository / "postprocessing" / "config.pbtxt").read_text())
-    assert not post.HasField("dynamic_batching")  # see builders/profiles/cpu.yaml
+    # The llm is the ensemble's last step: no model after it could reorder a stream's responses.
+    ensemble = parse_pbtxt((model_repository / "ensemble" / "config.pbtxt").read_text())
+    assert [step.model_name for step in ensemble.ensemble_scheduling.step] == ["preprocessing", "llm"]
 
 
 def test_health_and_metadata(triton):
     http = triton.urls.http
     assert requests.get(f"{http}/v2/health/live").status_code == 200
     assert requests.get(f"{http}/v2/health/ready").status_code == 200
-    for model in ("ensemble", "preprocessing", "llm", "postprocessing"):
+    for model in ("ensemble", "preprocessing", "llm"):
         assert requests.get(f"{http}/v2/models/{model}/ready").status_code == 200
     meta = requests.get(f"{http}/v2/models/ensemble").json()
     assert {i["name"] for i in meta["inputs"]} >= {"text_input", "max_tokens", "stream", "temperature", "top_k",
@@ -88,7 +89,8 @@ def test_greedy_tokens_equal_hugging_face(triton, hf, prompt):
     assert int(responses[0]["num_input_tokens"].reshape(-1)[0]) == len(ids)
 
 
-def test_ensemble_equals_hand_chained_models(triton):
+def test_ensemble_equals_hand_chained_models(triton, hf):
+    tokenizer, _ = hf
     prompt, max_tokens = "def parse(line):", 20
     http = triton.urls.http
     pre = requests.post(f"{http}/v2/models/preprocessing/infer", json={"inputs": [
@@ -102,16 +104,14 @@ def test_ensemble_equals_hand_chained_models(triton):
     responses, error = stream_request(triton.urls.grpc, "llm", llm_inputs)
     assert error is None, error
     (llm_out,) = responses
-    post = requests.post(f"{http}/v2/models/postprocessing/infer", json={"inputs": [
-        {"name": name, "shape": list(value.shape), "datatype": "BYTES" if value.dtype == object else "INT32",
-         "data": [v.decode() if isinstance(v, bytes) else int(v) for v in value.reshape(-1)]}
-        for name, value in llm_out.items()]})
-    assert post.status_code == 200, post.text
-    chained = {o["name"]: o["data"] for o in post.json()["outputs"]}
+    ids = llm_out["output_ids"][0, 0, : int(llm_out["sequence_length"].reshape(-1)[0])].tolist()
+    # The llm's text is its tokens as the Hugging Face tokenizer decodes them.
+    assert llm_out["text_output"].reshape(-1)[0] == tokenizer.decode(ids, skip_special_tokens=True).encode()
     responses, error = stream_request(triton.urls.grpc, "ensemble", text_inputs(prompt, max_tokens))
     assert error is None, error
-    assert [t.decode() for t in texts(responses)] == chained["text_output"]
-    assert responses[0]["finish_reason"].reshape(-1)[0].decode() == chained["finish_reason"][0]
+    assert texts(responses) == [llm_out["text_output"].reshape(-1)[0]]
+    for name in ("finish_reason", "num_input_tokens", "num_output_tokens"):
+        assert responses[0][name].reshape(-1)[0] == llm_out[name].reshape(-1)[0], name
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[:2] + UNICODE_PROMPTS)

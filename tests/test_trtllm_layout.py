@@ -53,7 +53,7 @@ def test_rendered_configs_parse_and_carry_limits(fixture):
     options = TrtllmOptions(kv_cache_free_gpu_mem_fraction=0.8, max_tokens_in_paged_kv_cache="unset")
     rendered = model_configs_trtllm(profile_for(engine_dir), options)
     configs = {name: (source, config) for name, source, config in rendered}
-    assert list(configs) == ["preprocessing", "llm", "tensorrt_llm", "postprocessing", "ensemble"]
+    assert list(configs) == ["preprocessing", "llm", "tensorrt_llm", "ensemble"]
     for name, (_, config) in configs.items():
         text = tc.to_pbtxt(config)
         parsed = text_format.Parse(text, mc.ModelConfig())
@@ -92,10 +92,10 @@ def test_rendered_configs_parse_and_carry_limits(fixture):
     llm_params = {k: v.string_value for k, v in llm.parameters.items()}
     assert llm_params["tensorrt_llm_model_name"] == "tensorrt_llm"
     assert int(llm_params["max_inflight"]) == 2 * build["max_batch_size"]
-    # preprocessing, postprocessing and the ensemble are exactly the CPU ones
+    # preprocessing and the ensemble are exactly the CPU ones
     profile = profile_for(engine_dir)
     assert configs["ensemble"][1] == tc.ensemble_config(profile)
-    assert configs["postprocessing"][1] == tc.postprocessing_config(profile)
+    assert configs["preprocessing"][1] == tc.preprocessing_config(profile, engine_limits(cfg))
 
 
 def test_budget_fills_max_tokens_in_paged_kv_cache(tmp_path):
@@ -108,9 +108,8 @@ def test_budget_fills_max_tokens_in_paged_kv_cache(tmp_path):
 
 def test_render_writes_a_repository(tmp_path):
     out = render_trtllm_repository(profile_for(ENGINES / "llama2-7b-int8wo"), tmp_path / "repo")
-    assert sorted(p.name for p in out.iterdir()) == ["ensemble", "llm", "postprocessing", "preprocessing",
-                                                     "tensorrt_llm"]
-    for name in ("preprocessing", "llm", "postprocessing"):
+    assert sorted(p.name for p in out.iterdir()) == ["ensemble", "llm", "preprocessing", "tensorrt_llm"]
+    for name in ("preprocessing", "llm"):
         assert (out / name / "1" / "model.py").exists()
     assert (out / "tensorrt_llm" / "1").is_dir() and not any((out / "tensorrt_llm" / "1").iterdir())
     for cfg in out.glob("*/config.pbtxt"):

@@ -164,7 +164,7 @@ def test_dry_run_prints_commands_and_repository(tmp_path):
     assert "examples/quantization/quantize.py" in out and "--qformat fp8" in out and "--kv_cache_dtype fp8" in out
     assert "trtllm-build --checkpoint_dir" in out and "--use_fp8_context_fmha enable" in out
     assert "--max_batch_size 256" in out  # the throughput profile's limits
-    for model in ("preprocessing", "llm", "tensorrt_llm", "postprocessing", "ensemble"):
+    for model in ("preprocessing", "llm", "tensorrt_llm", "ensemble"):
         assert f"## {model}/config.pbtxt" in out
     assert 'string_value: "/engines/llama/engine"' in out
     assert "KV per token" in out and budget.exists()

@@ -192,7 +192,6 @@ def model_configs_trtllm(profile: ServingProfile, options: TrtllmOptions | None 
         (profile.llm_model_name, str(WRAPPER_SOURCE), llm_wrapper_config(profile, options, limits)),
         (options.tensorrt_llm_model_name, None,
          tensorrt_llm_config(profile.engine_dir, engine_cfg, options, budget_tokens(profile.engine_dir))),
-        ("postprocessing", "postprocessing", tc.postprocessing_config(profile)),
         ("ensemble", None, tc.ensemble_config(profile)),
     ]
 

@@ -78,6 +78,13 @@ def process_tree(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
+def robust_slope(values: list[float]) -> float:
+    """Theil-Sen slope per step: the median of the slopes between every pair of points. A one-off step (a
+    first-use allocation) moves few pairs; growth in every step moves them all."""
+    pairs = [(values[j] - values[i]) / (j - i) for i in range(len(values)) for j in range(i + 1, len(values))]
+    return float(np.median(pairs))
+
+
 def rss_tree_mib(pid: int) -> float:
     """Resident memory of the server's whole process tree; 0 for a process that has gone."""
     rss = 0
@@ -103,7 +110,6 @@ class Snapshot:
     finished: dict[str, float]
     ensemble_success: float
     ensemble_failure: float
-    postprocessing_rejected: float = 0.0
     never_reached_engine: float = 0.0  # llm/preprocessing requests Triton dropped as cancelled before execute
 
     @property
@@ -119,7 +125,6 @@ def snapshot(metrics_url: str) -> Snapshot:
         finished={r: total(s, "llm_requests_finished_total", reason=r) for r in ("length", "stop", "cancelled")},
         ensemble_success=total(s, "nv_inference_request_success", model="ensemble"),
         ensemble_failure=total(s, "nv_inference_request_failure", model="ensemble"),
-        postprocessing_rejected=total(s, "nv_inference_request_failure", model="postprocessing", reason="REJECTED"),
         never_reached_engine=(total(s, "nv_inference_request_failure", model="llm", reason="CANCELED")
                               + total(s, "nv_inference_request_failure", model="preprocessing", reason="CANCELED")),
     )

@@ -2,7 +2,7 @@
 
 All 16 must complete inside the exit timeout, new requests must be refused, the launcher must exit 0.
 Finding 2 (Triton 2.51 ensemble bugs, docs/reliability.md) shows up here as an exit code 1 after the whole
-exit timeout ("Exit timeout expired") and, when the postprocessing queue overflows, as streams that never end.
+exit timeout ("Exit timeout expired") and, when a composing model's queue overflows, as streams that never end.
 """
 
 from __future__ import annotations

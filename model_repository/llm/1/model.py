@@ -5,28 +5,23 @@ a sender thread turns token events into responses, so neither waits on the other
 """
 
 import os
-import sys
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
 
-# Triton's Python stub ignores PYTHONPATH; the launcher sets it to the project and its environment.
-sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+import torch
+import triton_python_backend_utils as pb_utils
 
-import queue  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-from cpu_engine import (EngineLimits, GenerationRequest, LLMEngine, QueueFullError, SamplingParams,  # noqa: E402
+from cpu_engine import (EngineLimits, GenerationRequest, LLMEngine, QueueFullError, SamplingParams,
                         TokenEvent, load_engine)
-from serving.drain import LLM_GRACE_S, DrainGate  # noqa: E402
-from serving.llm_metrics import LLMMetrics  # noqa: E402
-from serving.request_params import check_lengths, check_min_tokens, resolve_sampling  # noqa: E402
-from serving.text import Utf8Chunker, from_word_list, token_bytes_table  # noqa: E402
-from serving.triton_io import (RequestError, error_response, model_parameters, scalar,  # noqa: E402
+from serving.drain import LLM_GRACE_S, DrainGate
+from serving.llm_metrics import LLMMetrics
+from serving.request_params import check_lengths, check_min_tokens, resolve_sampling
+from serving.stub_python import check_stub
+from serving.text import Utf8Chunker, from_word_list, token_bytes_table
+from serving.triton_io import (RequestError, error_response, llm_response, model_parameters, scalar,
                                shutting_down_response, single_row)
 
 
@@ -46,6 +41,7 @@ class _Stream:
 
 class TritonPythonModel:
     def initialize(self, args):
+        pb_utils.Logger.log_info(check_stub(args["model_name"]))
         params = model_parameters(args)
         threads = int(params.get("cpu_threads", "0")) or os.cpu_count()
         torch.set_num_threads(threads)  # once, at start-up: changing it later slows small models down
@@ -175,7 +171,7 @@ class TritonPythonModel:
                 except queue.Empty:
                     break
             # Tokens that arrived together leave together: under load one response carries several tokens,
-            # so responses (and postprocessing calls) per second do not grow with the number of streams.
+            # so responses per second do not grow with the number of streams.
             pending: dict[str, tuple[_Stream, TokenEvent]] = {}
             finished = False
             for event in events:
@@ -221,13 +217,7 @@ class TritonPythonModel:
         if stream.echo_ids:
             ids, stream.echo_ids = stream.echo_ids + ids, []
         reason = event.finish_reason.value if final else ""
-        response = pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, -1)),
-            pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
-            pb_utils.Tensor("finish_reason", np.array([[reason.encode()]], dtype=object)),
-            pb_utils.Tensor("num_input_tokens", np.array([[event.num_input_tokens]], dtype=np.int32)),
-            pb_utils.Tensor("num_output_tokens", np.array([[event.num_output_tokens]], dtype=np.int32)),
-        ])
+        response = llm_response(self.table, ids, reason, event.num_input_tokens, event.num_output_tokens)
         try:
             stream.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
         except Exception as exc:

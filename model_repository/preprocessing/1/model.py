@@ -1,21 +1,16 @@
 """Triton preprocessing: text → token ids, request defaults and validation (INVALID_ARG on bad input)."""
 
-import os
-import sys
+import secrets
 
-# Triton's Python stub ignores PYTHONPATH; the launcher sets it to the project and its environment.
-sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from transformers import AutoTokenizer
 
-import secrets  # noqa: E402
-
-import numpy as np  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
-
-from serving.drain import PREPROCESSING_GRACE_S, DrainGate  # noqa: E402
-from serving.request_params import check_lengths, check_min_tokens, resolve_sampling  # noqa: E402
-from serving.text import to_word_list  # noqa: E402
-from serving.triton_io import (RequestError, error_response, model_parameters, scalar,  # noqa: E402
+from serving.drain import PREPROCESSING_GRACE_S, DrainGate
+from serving.request_params import check_lengths, check_min_tokens, resolve_sampling
+from serving.stub_python import check_stub
+from serving.text import to_word_list
+from serving.triton_io import (RequestError, error_response, model_parameters, scalar,
                                shutting_down_response, single_row)
 
 
@@ -30,6 +25,7 @@ def _texts(row) -> list[str]:
 
 class TritonPythonModel:
     def initialize(self, args):
+        pb_utils.Logger.log_info(check_stub(args["model_name"]))
         params = model_parameters(args)
         self.tokenizer = AutoTokenizer.from_pretrained(params["tokenizer_dir"], local_files_only=True)
         self.max_input_len = int(params["max_input_len"])

@@ -14,8 +14,7 @@ Scenarios: idle, nonstream16(x4), stream4, stream16(x4) (client SDK, asyncio), n
 (SDK, threads), raw_nonstream16 / raw_stream16 (tritonclient, threads), sequential16, http16(x4), http_keepalive,
 llm16x4 (gRPC to the llm model), aio_halfclose16x4 / aio_open16x4 / aio_noempty16x4 / aio_stream16x4 /
 aio_stream_readall16x4 / aio_llm_stream16x4 (tritonclient.grpc.aio variants), sdk_cancel, raw_cancel,
-llm_cancel. Without --repository it renders the test suite's profile into --workdir (with
---old-postprocessing-batcher: postprocessing behind a dynamic batcher with queue 128, as before d5b752c).
+llm_cancel. Without --repository it renders the test suite's profile into --workdir.
 """
 
 from __future__ import annotations
@@ -249,11 +248,10 @@ def run_once(repo: Path, workdir: Path, scenario: str, exit_timeout: int, run: i
             "exit_s": round(exit_s, 1), "exit_timeout_expired": "Exit timeout expired" in log,
             "waited_for_http_connections": "HTTP service connections" in log,
             "ensemble_left_live": "Found 1 live models" in log and "unloaded 'ensemble'" not in log,
-            "left_live": sorted({"ensemble", "preprocessing", "llm", "postprocessing"}
+            "left_live": sorted({"ensemble", "preprocessing", "llm"}
                                 - set(re.findall(r"successfully unloaded '([^']+)'", log))),
             "log": str(server.config.log_file),
-            "in_flight_at_exit": relkit.in_flight_at_exit(log),
-            "postprocessing_rejected": after.postprocessing_rejected - before.postprocessing_rejected}
+            "in_flight_at_exit": relkit.in_flight_at_exit(log)}
 
 
 def main(argv=None) -> int:
@@ -264,15 +262,12 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", default="idle,nonstream16,stream4,stream16,sdk_cancel,raw_cancel,llm_cancel")
     ap.add_argument("--exit-timeout", type=int, default=10)
     ap.add_argument("--out", type=Path, help="append JSON lines here")
-    ap.add_argument("--old-postprocessing-batcher", action="store_true",
-                    help="render postprocessing with a dynamic batcher (queue 128), as before d5b752c (bug B1)")
     args = ap.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     repo = args.repository
     if repo is None:
         checkpoint, engine = relkit.build_tiny_stack(args.workdir)
-        repo = relkit.render(args.workdir / "repo", engine, checkpoint,
-                             postprocessing_batcher=args.old_postprocessing_batcher)
+        repo = relkit.render(args.workdir / "repo", engine, checkpoint)
     summary: dict[str, list[dict]] = {}
     for scenario in args.scenarios.split(","):
         for i in range(args.runs):

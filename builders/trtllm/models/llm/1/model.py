@@ -7,20 +7,15 @@ through ``tensorrt_llm`` with a decoupled BLS call and answers with ``output_ids
 Cancellation by the client cancels the BLS stream, which stops the request inside TensorRT-LLM.
 """
 
-import os
-import sys
+from concurrent.futures import ThreadPoolExecutor
 
-# Triton's Python stub ignores PYTHONPATH; the image / launcher sets it to the project.
-sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+import numpy as np
+import triton_python_backend_utils as pb_utils
 
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-
-import numpy as np  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-from builders.trtllm.stream_state import Chunk, StreamState  # noqa: E402
-from serving.text import token_bytes_table  # noqa: E402
-from serving.triton_io import RequestError, error_response, model_parameters, scalar, single_row  # noqa: E402
+from builders.trtllm.stream_state import Chunk, StreamState
+from serving.stub_python import check_stub
+from serving.text import token_bytes_table
+from serving.triton_io import RequestError, error_response, llm_response, model_parameters, scalar, single_row
 
 # Our tensor name → the pinned tensorrt_llm model's (builders/trtllm/layout.py: TRTLLM_INPUT_NAMES).
 _FORWARD = {
@@ -33,6 +28,7 @@ _WORD_LISTS = ("stop_words_list", "bad_words_list")
 
 class TritonPythonModel:
     def initialize(self, args):
+        pb_utils.Logger.log_info(check_stub(args["model_name"]))
         params = model_parameters(args)
         self.trt_model = params["tensorrt_llm_model_name"]
         self.table = token_bytes_table(params["tokenizer_dir"])
@@ -107,15 +103,9 @@ class TritonPythonModel:
             except Exception as send_exc:  # noqa: BLE001 - client gone
                 pb_utils.Logger.log_error(f"llm: sending an error response failed: {send_exc}")
 
-    @staticmethod
-    def _response(chunk: Chunk):
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("output_ids", np.array(chunk.ids, dtype=np.int32).reshape(1, 1, -1)),
-            pb_utils.Tensor("sequence_length", np.array([[len(chunk.ids)]], dtype=np.int32)),
-            pb_utils.Tensor("finish_reason", np.array([[chunk.finish_reason.encode()]], dtype=object)),
-            pb_utils.Tensor("num_input_tokens", np.array([[chunk.num_input_tokens]], dtype=np.int32)),
-            pb_utils.Tensor("num_output_tokens", np.array([[chunk.num_output_tokens]], dtype=np.int32)),
-        ])
+    def _response(self, chunk: Chunk):
+        return llm_response(self.table, chunk.ids, chunk.finish_reason, chunk.num_input_tokens,
+                            chunk.num_output_tokens)
 
     def finalize(self):
         # Drain: streams already handed to workers finish before the stub exits.
