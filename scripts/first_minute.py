@@ -1,0 +1,149 @@
+"""A newcomer's first minute, as a check: ``make serve``, the first request right after readiness, a clean stop.
+
+The first request after start is sent streamed, then the same request non-streamed, over gRPC and over HTTP:
+every streamed answer must concatenate to its non-streamed twin byte for byte. Then SIGTERM (what Ctrl-C and
+Kubernetes send) must drain and stop the server with exit code 0. Exit code 0 when all of that holds.
+
+    source .venv/bin/activate && python scripts/first_minute.py     # what .ci/run does after `make test`
+    .venv/bin/python scripts/first_minute.py MODEL_DIR=... ENGINE_DIR=... PROFILE=... REPOSITORY=...
+
+Arguments are passed to ``make serve`` (variable overrides); the shell's environment is used as it is (an
+activated venv, another Python first on PATH...), except for free ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+PROMPT = "def fibonacci(n):"
+MAX_TOKENS = 32
+
+
+@dataclass
+class Outcome:
+    ready_s: float
+    pairs: dict[str, tuple[bytes, bytes]]  # transport -> (streamed, non-streamed)
+    exit_code: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and all(s == w and w for s, w in self.pairs.values())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _ready(http: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{http}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _http_pair(http: str) -> tuple[bytes, bytes]:
+    body = {"text_input": PROMPT, "max_tokens": MAX_TOKENS}
+    streamed = b""
+    req = urllib.request.Request(f"{http}/v2/models/ensemble/generate_stream", method="POST",
+                                 data=json.dumps({**body, "stream": True}).encode())
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for line in r:
+            if line.startswith(b"data:"):
+                streamed += json.loads(line[5:])["text_output"].encode("utf-8")
+    req = urllib.request.Request(f"{http}/v2/models/ensemble/generate", method="POST", data=json.dumps(body).encode())
+    with urllib.request.urlopen(req, timeout=120) as r:
+        whole = json.loads(r.read())["text_output"].encode("utf-8")
+    return streamed, whole
+
+
+def _grpc_pair(grpc: str) -> tuple[bytes, bytes]:
+    from client.core import SamplingParams
+    from client.sync import LLMClient
+
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    with LLMClient(grpc, timeout=120) as client:
+        streamed = "".join(client.stream(PROMPT, params)).encode("utf-8")  # the very first request
+        whole = client.generate(PROMPT, params).text.encode("utf-8")
+    return streamed, whole
+
+
+def _launcher(make: subprocess.Popen, timeout: float = 10):
+    """The launcher is the process make's recipe exec'd (make stays its parent)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(make.pid).children():
+            if "serving" in child.cmdline():
+                return child
+        time.sleep(0.05)
+    raise RuntimeError("make serve started no launcher")
+
+
+def run(make_args: list[str], log: Path, env: dict[str, str] | None = None, ready_timeout: float = 1200) -> Outcome:
+    env = dict(os.environ if env is None else env)
+    ports = {name: str(_free_port()) for name in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT")}
+    env.update(ports)
+    http, grpc = f"http://localhost:{ports['HTTP_PORT']}", f"localhost:{ports['GRPC_PORT']}"
+    started = time.monotonic()
+    with log.open("wb") as out:
+        make = subprocess.Popen(["make", "--no-print-directory", "serve", *make_args], cwd=PROJECT_ROOT, env=env,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    pairs: dict[str, tuple[bytes, bytes]] = {}
+    try:
+        while not _ready(http):
+            if make.poll() is not None or time.monotonic() - started > ready_timeout:
+                raise RuntimeError(f"make serve did not become ready (exit code {make.poll()}):\n"
+                                   + log.read_text("utf-8", "replace")[-4000:])
+            time.sleep(0.02)  # the first request follows readiness as closely as a script can
+        ready_s = time.monotonic() - started
+        pairs["grpc"] = _grpc_pair(grpc)
+        pairs["http"] = _http_pair(http)
+        _launcher(make).send_signal(signal.SIGTERM)
+        exit_code = make.wait(120)
+    finally:
+        if make.poll() is None:
+            make.kill()
+            make.wait()
+    return Outcome(ready_s, pairs, exit_code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("make_args", nargs="*", help="variable overrides for make serve (NAME=VALUE)")
+    parser.add_argument("--log", type=Path, default=PROJECT_ROOT / "build" / "first_minute.log")
+    args = parser.parse_args(argv)
+    args.log.parent.mkdir(parents=True, exist_ok=True)
+    shell = f"venv {os.environ['VIRTUAL_ENV']} activated" if os.environ.get("VIRTUAL_ENV") else "no venv activated"
+    print(f"first minute: make serve ({shell}; log {args.log})", flush=True)
+    outcome = run(args.make_args, args.log)
+    print(f"  ready after {outcome.ready_s:.1f} s")
+    for transport, (streamed, whole) in outcome.pairs.items():
+        verdict = "equal" if streamed == whole and whole else "DIFFERENT"
+        print(f"  first request over {transport}: streamed {verdict} to non-streamed ({len(whole)} bytes)")
+        if verdict != "equal":
+            print(f"    streamed:     {streamed!r}\n    non-streamed: {whole!r}")
+    print(f"  SIGTERM: make serve exited with {outcome.exit_code}")
+    print("first minute: OK" if outcome.ok else "first minute: FAILED", flush=True)
+    return 0 if outcome.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""`make serve` as a newcomer runs it — the real Makefile target — from a plain shell, an activated venv and
+with another Python first on PATH: ready, the first request streamed equals its non-streamed twin over gRPC
+and HTTP, and SIGTERM stops it with exit code 0 (scripts/first_minute.py; .ci/run runs it on the real model).
+
+The test's tiny model stands in for the default one through make's own variables, so nothing is trained here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.stack import stack_profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import first_minute  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def make_args(engine_dir, tiny_checkpoint, tmp_path_factory) -> list[str]:
+    work = tmp_path_factory.mktemp("first-minute")
+    profile = stack_profile(engine_dir, tiny_checkpoint)
+    (work / "profile.yaml").write_text(yaml.safe_dump(json.loads(profile.model_dump_json())))
+    return [f"MODEL_DIR={tiny_checkpoint}", f"ENGINE_DIR={engine_dir}", f"PROFILE={work / 'profile.yaml'}",
+            f"REPOSITORY={work / 'model_repository'}"]
+
+
+def _shell(kind: str, tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("VIRTUAL_ENV", None)
+    venv_bin = Path(sys.executable).parent
+    if kind == "venv-activated":  # what `source .venv/bin/activate` does
+        env.update(PATH=f"{venv_bin}{os.pathsep}{env['PATH']}", VIRTUAL_ENV=str(venv_bin.parent))
+    elif kind == "other-python-first":
+        other = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3")
+                      if Path(p).exists() and not os.path.samefile(p, sys.executable)), None)
+        if other is None:
+            pytest.skip("no second Python on this machine")
+        (tmp_path / "bin").mkdir()
+        (tmp_path / "bin" / "python3").symlink_to(other)
+        (tmp_path / "bin" / "python").symlink_to(other)
+        env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
+    return env
+
+
+@pytest.mark.parametrize("kind", ["plain", "venv-activated", "other-python-first"])
+def test_make_serve_then_the_first_request(make_args, tmp_path, kind):
+    outcome = first_minute.run(make_args, tmp_path / "make-serve.log", env=_shell(kind, tmp_path), ready_timeout=300)
+    log = (tmp_path / "make-serve.log").read_text("utf-8", "replace")
+    assert set(outcome.pairs) == {"grpc", "http"}
+    for transport, (streamed, whole) in outcome.pairs.items():
+        assert whole and streamed == whole, (transport, streamed, whole)
+    assert outcome.exit_code == 0, log[-3000:]
+    assert "the launcher's interpreter" in log and "drain finished" in log
