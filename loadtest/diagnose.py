@@ -31,8 +31,7 @@ from .results import LevelResult
 from .spec import DEFAULT_TOKENIZER, PROJECT_ROOT, Inputs, Load, LoadProfile, Measurement, TokenDist, load_profile
 from .sweep import RESULTS_DIR, new_run_dir, run_sweep
 
-LAYERS = ("client/network", "queue", "preprocessing", "engine: wait + prefill", "engine: decode",
-          "postprocessing", "triton (other)")
+LAYERS = ("client/network", "queue", "preprocessing", "engine: wait + prefill", "engine: decode", "triton (other)")
 
 
 @dataclass
@@ -199,8 +198,7 @@ def _stages_from_trace(mean: dict[str, float], client_latency: float | None) -> 
         "llm enqueue (execute)": mean["llm_compute"],
         "engine wait + prefill": mean["engine_prefill"],
         "engine decode": mean["engine_decode"],
-        "postprocessing queue (last response)": mean["post_queue_last"],
-        "postprocessing compute (last response)": mean["post_compute_last"],
+        "gRPC send (last response)": mean["send_last"],
         "triton other (hand-offs)": mean["other"],
     }
     if client_latency is not None:
@@ -218,17 +216,13 @@ def _stages_from_pa(r: LevelResult) -> tuple[dict[str, float], list[str]]:
                                                         ("compute_input_us", "compute_infer_us", "compute_output_us"))
     llm_q, llm_c = ms("llm", "queue_us"), sum(ms("llm", k) for k in
                                               ("compute_input_us", "compute_infer_us", "compute_output_us"))
-    post_q, post_c = ms("postprocessing", "queue_us"), sum(ms("postprocessing", k) for k in
-                                                           ("compute_input_us", "compute_infer_us",
-                                                            "compute_output_us"))
     latency = r.latency.avg or 0.0
     ttft = r.ttft.avg or latency
-    prefill = max(ttft - pre_q - pre_c - llm_q - llm_c - post_q - post_c, 0.0)
-    decode = max(latency - ttft - post_q - post_c, 0.0)
+    prefill = max(ttft - pre_q - pre_c - llm_q - llm_c, 0.0)
+    decode = max(latency - ttft, 0.0)
     stages = {"ensemble queue": (r.server.get("queue_us") or 0.0) / 1000, "preprocessing queue": pre_q,
               "preprocessing compute": pre_c, "llm queue": llm_q, "llm enqueue (execute)": llm_c,
-              "engine wait + prefill": prefill, "engine decode": decode,
-              "postprocessing queue (last response)": post_q, "postprocessing compute (last response)": post_c}
+              "engine wait + prefill": prefill, "engine decode": decode}
     return stages, notes
 
 
@@ -236,23 +230,21 @@ def layers_of(stages: dict[str, float]) -> dict[str, float]:
     g = stages.get
     layers = {
         "client/network": g("client/network", 0.0),
-        "queue": g("ensemble queue", 0.0) + g("preprocessing queue", 0.0) + g("llm queue", 0.0)
-        + g("postprocessing queue (last response)", 0.0),
+        "queue": g("ensemble queue", 0.0) + g("preprocessing queue", 0.0) + g("llm queue", 0.0),
         "preprocessing": g("preprocessing compute", 0.0),
         "engine: wait + prefill": g("engine wait + prefill", 0.0) + g("llm enqueue (execute)", 0.0),
         "engine: decode": g("engine decode", 0.0),
-        "postprocessing": g("postprocessing compute (last response)", 0.0),
-        "triton (other)": g("triton other (hand-offs)", 0.0),
+        "triton (other)": g("triton other (hand-offs)", 0.0) + g("gRPC send (last response)", 0.0),
     }
     if "client/network" not in stages:
         layers.pop("client/network")
-    if "triton other (hand-offs)" not in stages:
+    if "triton other (hand-offs)" not in stages:  # only a trace separates it from the engine's time
         layers.pop("triton (other)")
     return layers
 
 
 def advise(layers: dict[str, float], stages: dict[str, float], r: LevelResult, gauges: dict, config: dict,
-           build: dict, concurrency: int, extra: dict) -> list[str]:
+           build: dict, concurrency: int) -> list[str]:
     total = sum(layers.values()) or 1.0
     dominant = max(layers, key=layers.get)
     advice: list[str] = []
@@ -266,8 +258,7 @@ def advise(layers: dict[str, float], stages: dict[str, float], r: LevelResult, g
         return layers.get(name, 0.0) / total
 
     if dominant == "queue":
-        worst = max(("preprocessing queue", "llm queue", "postprocessing queue (last response)", "ensemble queue"),
-                    key=lambda k: stages.get(k, 0.0))
+        worst = max(("preprocessing queue", "llm queue", "ensemble queue"), key=lambda k: stages.get(k, 0.0))
         model = worst.split()[0]
         cfg = config.get(model, {})
         delay, preferred = cfg.get("max_queue_delay_us"), cfg.get("preferred_batch_sizes")
@@ -285,10 +276,6 @@ def advise(layers: dict[str, float], stages: dict[str, float], r: LevelResult, g
     elif dominant == "preprocessing":
         advice.append(f"tokenisation dominates ({stages.get('preprocessing compute', 0):.1f} ms/request): add "
                       "preprocessing instances, batch it (preferred_batch_sizes), or send shorter prompts.")
-    elif dominant == "postprocessing":
-        advice.append(f"detokenisation dominates: {stages.get('postprocessing compute (last response)', 0):.1f} ms per "
-                      f"call, {extra.get('post_calls', '?')} calls per streamed request; add postprocessing "
-                      "instances, batch it, or stream fewer/larger chunks.")
     elif dominant == "engine: wait + prefill":
         if queued and queued >= 0.5:
             advice.append(f"requests wait for a KV-cache slot (on average {queued:.1f} queued; "
@@ -309,18 +296,15 @@ def advise(layers: dict[str, float], stages: dict[str, float], r: LevelResult, g
         advice.append("time is lost outside the server (client or network): run the load generator on another "
                       "machine or with more threads, and check the client's CPU.")
     else:
-        advice.append("Triton's hand-offs between ensemble steps dominate: fewer steps (bigger chunks per response) "
-                      "or a BLS model instead of the ensemble.")
+        advice.append("Triton's own time dominates (the ensemble's hand-off from preprocessing to the llm, and the "
+                      "last response's way out through the ensemble and its gRPC write), not the models: a BLS model "
+                      "instead of the ensemble saves the hand-offs.")
     if cpu is not None and cpu < 0.5 and share("queue") < 0.1:
         advice.append(f"CPU utilisation is low ({100 * cpu:.0f}%) and little is queued: the feeding path limits "
                       f"throughput; offer more load (concurrency > {concurrency}) before tuning the server.")
     if cpu is not None and cpu > 0.9:
         advice.append(f"CPU utilisation is {100 * cpu:.0f}%: the machine is saturated (other processes count too); "
                       "more instances or threads will not help, less work per token will.")
-    post_busy = extra.get("post_busy_total")
-    if post_busy and dominant != "postprocessing" and post_busy > 0.1 * total:
-        advice.append(f"postprocessing keeps a CPU busy {post_busy:.1f} ms per request ({extra.get('post_calls', 0):.0f} "
-                      "calls) off the critical path: it competes with the engine for cores.")
     if active is not None and slots and active >= slots and dominant != "engine: wait + prefill":
         advice.append(f"all {slots} engine slots were busy at times: more slots may raise throughput.")
     return advice
@@ -428,22 +412,22 @@ def run_diagnose(opts: DiagnoseOptions) -> Diagnosis:
     if mean:
         source = f"Triton trace ({len(per_request)} requests)"
         stages = _stages_from_trace(mean, r.latency.avg)
-        extra = {"post_calls": mean["post_calls"], "post_busy_total": mean["post_busy_total"]}
+        notes.append(f"{mean['responses']:.1f} responses per request; first/last token = when Triton's gRPC frontend "
+                     "started writing the first/last response (GRPC_SEND_START), which includes each response's way "
+                     "from the llm through the ensemble")
+        if mean["responses"] <= 1:
+            notes.append("one response per request (not streamed): the trace has no first-token time, so 'engine "
+                         "wait + prefill' holds the whole generation and 'engine decode' is 0")
     else:
         source = "perf_analyzer"
         stages, more = _stages_from_pa(r)
         notes += more
-        calls = None
-        if r.composing.get("postprocessing") and r.server.get("inferences_per_s"):
-            calls = r.composing["postprocessing"].get("inferences_per_s", 0) / r.server["inferences_per_s"]
-        post_c = stages["postprocessing compute (last response)"]
-        extra = {"post_calls": calls, "post_busy_total": post_c * calls if calls else None}
     layers = layers_of(stages)
     gauges = (r.metrics or {}).get("gauges", {})
     build = engine_build(config)
     dominant_layer = max(layers, key=layers.get)
     dominant_stage = max(stages, key=stages.get)
-    advice = advise(layers, stages, r, gauges, config, build, int(profile.load.levels[0]), extra)
+    advice = advise(layers, stages, r, gauges, config, build, int(profile.load.levels[0]))
     if not (r.metrics or {}).get("engine_histograms"):
         notes.append("the engine's llm_* histograms are absent on this server (older engine): server-side TTFT "
                      "and slot gauges were not used")

@@ -222,8 +222,9 @@ def markdown(profile: LoadProfile, results: list[LevelResult], checks: list[Chec
     if len(st) > 2:
         lines += ["## Server-side time per request (perf_analyzer)", "", *st, "",
                   "The ensemble row's compute columns sum its composing models' invocations for one request "
-                  "(postprocessing runs once per streamed response; calls/request says how often); its queue "
-                  "column is the ensemble scheduler's own. The CPU engine's decoding happens outside Triton's compute "
-                  "timers (the llm model's execute() only enqueues), so it shows up in the client latency.", ""]
+                  "(preprocessing and llm, once each: the llm streams every response itself, text included); its "
+                  "queue column is the ensemble scheduler's own. The CPU engine's decoding happens outside Triton's "
+                  "compute timers (the llm model's execute() only enqueues), so it shows up in the client latency.",
+                  ""]
     lines += ["## Commands", "", "```", *meta.get("commands", []), "```", ""]
     return "\n".join(lines)

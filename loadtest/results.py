@@ -6,7 +6,7 @@
   TTFT (first response) and TPOT ((last - first) / (output tokens - 1)) follow, as genai-perf computes them.
 
 For the ensemble, perf_analyzer's server columns are *per ensemble request* sums over the composing models'
-invocations (a streamed request runs postprocessing once per response); the composing CSVs are per invocation.
+invocations (preprocessing and llm, once each per request); the composing CSVs are per invocation.
 """
 
 from __future__ import annotations

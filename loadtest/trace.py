@@ -6,12 +6,19 @@ COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END, REQUEST_END; the ensemble'
 INFER_RESPONSE_COMPLETE). With ``log-frequency=N`` Triton writes ``F.0``, ``F.1``, ... every N traces; the
 rest goes to ``F`` at exit.
 
-For one streamed ensemble request the composing traces are: preprocessing (once), llm (once: its execute()
-only enqueues into the CPU engine), postprocessing (once per response). So:
+For one streamed ensemble request over gRPC the composing traces are preprocessing and llm, once each (the
+llm's execute() only enqueues into the CPU engine; its sender thread streams the responses). The token times
+come from the ensemble's own trace: Triton 2.51's gRPC stream handler records a GRPC_SEND_START/GRPC_SEND_END
+pair for every response it writes (INFER_RESPONSE_COMPLETE only for the first one). So:
 
-* engine wait + prefill = first postprocessing REQUEST_START - llm REQUEST_END
-* engine decode         = last postprocessing REQUEST_START - first postprocessing REQUEST_START
-* postprocessing on the critical path = the last postprocessing call (queue + compute)
+* engine wait + prefill = first response's GRPC_SEND_START - llm REQUEST_END
+* engine decode         = last response's GRPC_SEND_START - first response's GRPC_SEND_START
+* gRPC send (last)      = the last response's write, on the critical path
+
+Both token times are when Triton's gRPC frontend starts writing a response, so they include the response's
+way from the llm's sender thread through the ensemble, and a write also waits for the previous write on the
+same stream. A request answered in one response (stream=false) has no first-token time in the trace: its
+whole generation counts as wait + prefill and decode is 0.
 """
 
 from __future__ import annotations
@@ -42,19 +49,16 @@ class RequestStages:
     """One ensemble request, in ms."""
 
     server_total: float
-    ensemble_queue: float
+    ensemble_queue: float  # the ensemble scheduler: its QUEUE_START until preprocessing starts
     pre_queue: float
     pre_compute: float
     llm_queue: float
     llm_compute: float
-    engine_prefill: float  # waiting for a slot + prefill + first token (until postprocessing starts)
+    engine_prefill: float  # waiting for a slot + prefill + first token (until the first response is written)
     engine_decode: float
-    post_queue_last: float
-    post_compute_last: float
-    post_calls: int
-    post_busy_total: float  # compute of every postprocessing call (CPU cost, not all on the critical path)
-    post_queue_total: float
-    grpc_send_total: float
+    send_last: float  # the last response's gRPC write
+    responses: int
+    grpc_send_total: float  # every response's write (most overlap decoding)
     other: float  # ensemble hand-offs and everything not attributed above
 
     def as_dict(self) -> dict:
@@ -97,7 +101,7 @@ def load_spans(files: list[Path]) -> dict[int, Span]:
                 elif name == "GRPC_SEND_END" and key in pending_send:
                     span.grpc_sends.append((pending_send.pop(key), ns))
                 span.ts.setdefault(name, ns)
-                if name in ("REQUEST_END", "GRPC_SEND_END"):
+                if name == "REQUEST_END":
                     span.ts[name] = max(span.ts[name], ns)  # keep the last end
     return spans
 
@@ -114,26 +118,25 @@ def request_stages(spans: dict[int, Span], ensemble: str = "ensemble", llm: str 
         kids = children.get(key, [])
         pre = next((s for s in kids if s.model == "preprocessing"), None)
         mid = next((s for s in kids if s.model == llm), None)
-        posts = sorted((s for s in kids if s.model == "postprocessing"), key=lambda s: s.ts.get("REQUEST_START", 0))
+        sends = sorted(root.grpc_sends)
         total = root.d("REQUEST_START", "REQUEST_END")
-        if pre is None or mid is None or not posts or total is None:
-            continue  # incomplete (cut by a flush boundary, or a failed request)
-        first, last = posts[0], posts[-1]
+        if (pre is None or mid is None or not sends or total is None or "REQUEST_START" not in pre.ts
+                or "REQUEST_END" not in mid.ts):
+            continue  # incomplete (cut by a flush boundary, a failed request) or not a gRPC request
         q = lambda s: s.d("QUEUE_START", "COMPUTE_START") or 0.0  # noqa: E731
         c = lambda s: s.d("COMPUTE_START", "COMPUTE_END") or 0.0  # noqa: E731
-        prefill = (first.ts["REQUEST_START"] - mid.ts["REQUEST_END"]) / 1e6
-        decode = (last.ts["REQUEST_START"] - first.ts["REQUEST_START"]) / 1e6
+        prefill = (sends[0][0] - mid.ts["REQUEST_END"]) / 1e6
+        decode = (sends[-1][0] - sends[0][0]) / 1e6
+        send_last = (sends[-1][1] - sends[-1][0]) / 1e6
+        ens_queue = max((pre.ts["REQUEST_START"] - root.ts.get("QUEUE_START", root.ts["REQUEST_START"])) / 1e6, 0.0)
         pre_total = pre.d("REQUEST_START", "REQUEST_END") or (q(pre) + c(pre))
         llm_total = mid.d("REQUEST_START", "REQUEST_END") or (q(mid) + c(mid))
-        last_total = last.d("REQUEST_START", "REQUEST_END") or (q(last) + c(last))
-        ens_queue = root.d("QUEUE_START", "REQUEST_START") or 0.0
-        accounted = pre_total + llm_total + max(prefill, 0) + decode + last_total
+        accounted = ens_queue + pre_total + llm_total + max(prefill, 0.0) + decode + send_last
         out.append(RequestStages(
-            server_total=total, ensemble_queue=max(ens_queue, 0.0), pre_queue=q(pre), pre_compute=c(pre),
+            server_total=total, ensemble_queue=ens_queue, pre_queue=q(pre), pre_compute=c(pre),
             llm_queue=q(mid), llm_compute=c(mid), engine_prefill=max(prefill, 0.0), engine_decode=decode,
-            post_queue_last=q(last), post_compute_last=c(last), post_calls=len(posts),
-            post_busy_total=sum(c(s) for s in posts), post_queue_total=sum(q(s) for s in posts),
-            grpc_send_total=sum((b - a) / 1e6 for a, b in root.grpc_sends), other=max(total - accounted, 0.0)))
+            send_last=send_last, responses=len(sends), grpc_send_total=sum((b - a) / 1e6 for a, b in sends),
+            other=max(total - accounted, 0.0)))
     return out
 
 

@@ -1,13 +1,13 @@
 """Graceful drain: stop taking new requests, let the accepted ones finish, *then* SIGTERM tritonserver.
 
 Why not just SIGTERM: on SIGTERM Triton 2.51 stops every model's scheduler at once. A streamed ensemble
-request needs a new postprocessing request for every response, which is then refused, and the ensemble
-never finishes the request (docs/reliability.md, B1/B2): streams hang, the server waits the whole
-``--exit-timeout-secs`` and exits 1.
+request that still needs a composing step then has it refused, and the ensemble never finishes the request
+(docs/reliability.md, B1/B2; it was postprocessing, once per response, before the llm answered in text):
+streams hang, the server waits the whole ``--exit-timeout-secs`` and exits 1.
 
 So the launcher first creates a drain file (its path reaches the models' stubs in ``TRITON_LLM_DRAIN_FILE``).
-Entry models see it and, after a short grace, refuse new work with UNAVAILABLE; postprocessing keeps serving
-the streams in flight. The graces exist because a model cannot see when Triton received a request: one that
+Entry models see it and, after a short grace, refuse new work with UNAVAILABLE; the llm keeps serving the
+streams in flight. The graces exist because a model cannot see when Triton received a request: one that
 sat in preprocessing's queue when the drain began was already accepted and must still be served
 (``PREPROCESSING_GRACE_S``), and an ensemble request preprocessing took just then is still on its way to
 llm (``LLM_GRACE_S``). The launcher waits out both, then until the engine and Triton's queues have been
@@ -56,8 +56,8 @@ def in_flight(metrics_url: str) -> float | None:
 
 
 def wait_until_idle(metrics_url: str, timeout_s: float, quiet_s: float = 0.5, every_s: float = 0.05) -> bool:
-    """True once nothing was in flight for ``quiet_s`` (covers a last postprocessing call after the engine's
-    final token); False when ``timeout_s`` passed first or the metrics port stopped answering."""
+    """True once nothing was in flight for ``quiet_s`` (covers a last response on its way out after the
+    engine's final token); False when ``timeout_s`` passed first or the metrics port stopped answering."""
     deadline = time.monotonic() + timeout_s
     idle_since: float | None = None
     while (now := time.monotonic()) < deadline:

@@ -12,7 +12,7 @@ import yaml
 
 from loadtest import commands, metrics, slo
 from loadtest import trace as tracing
-from loadtest.diagnose import advise, layers_of
+from loadtest.diagnose import LAYERS, advise, layers_of
 from loadtest.inputs import PromptTokenizer, generate_requests, perf_analyzer_data, prompt_with_tokens
 from loadtest.results import LevelResult, Stats, parse_level
 from loadtest.spec import (SLO, Inputs, Load, LoadProfile, Measurement, PromptMix, TokenDist, available_profiles,
@@ -251,40 +251,62 @@ def test_wait_for_server_fails_fast_with_a_clear_message():
 # ---------------------------------------------------------------------------------------------- trace
 
 
-def _trace_records() -> list[dict]:
-    ms = 10**6
+def _span(i: int, model: str, parent: int | None, stamps: list[tuple[str, float]]) -> list[dict]:
+    """One trace as Triton 2.51 writes it: a record naming the model, then one record per timestamp (ms here)."""
+    recs = [{"id": i, "model_name": model, "model_version": 1, "request_id": "1",
+             **({"parent_id": parent} if parent else {})}]
+    return recs + [{"id": i, "timestamps": [{"name": k, "ns": int(v * 10**6)}]} for k, v in stamps]
 
-    def span(i, model, parent, **ts):
-        recs = [{"id": i, "model_name": model, "model_version": 1, "request_id": "1",
-                 **({"parent_id": parent} if parent else {})}]
-        recs += [{"id": i, "timestamps": [{"name": k, "ns": v}]} for k, v in ts.items()]
-        return recs
 
-    recs = span(1, "ensemble", None, REQUEST_START=0, QUEUE_START=0, REQUEST_END=200 * ms)
-    recs += span(2, "preprocessing", 1, REQUEST_START=1 * ms, QUEUE_START=1 * ms, COMPUTE_START=51 * ms,
-                 COMPUTE_END=53 * ms, REQUEST_END=53 * ms)
-    recs += span(3, "llm", 1, REQUEST_START=54 * ms, QUEUE_START=54 * ms, COMPUTE_START=54 * ms,
-                 COMPUTE_END=55 * ms, REQUEST_END=55 * ms)
-    for k, t in enumerate((75, 125, 198)):  # 3 responses: prefill ends at 75, decode until 198
-        recs += span(10 + k, "postprocessing", 1, REQUEST_START=t * ms, QUEUE_START=t * ms,
-                     COMPUTE_START=t * ms, COMPUTE_END=(t + 1) * ms, REQUEST_END=(t + 1) * ms)
-    return recs
+def _stream_request(root: int, t0: float, sends: list[tuple[float, float]], children: bool = True) -> list[dict]:
+    """An ensemble request over a gRPC stream, laid out as a real 2.51 trace of this stack: preprocessing and
+    llm once each, written before the ensemble's own trace, which holds INFER_RESPONSE_COMPLETE once (first
+    response) and a GRPC_SEND_START/GRPC_SEND_END pair per response. Times in ms after ``t0``."""
+    recs = []
+    if children:
+        recs += _span(root + 2, "llm", root, [("REQUEST_START", t0 + 54), ("QUEUE_START", t0 + 54),
+                                              ("COMPUTE_START", t0 + 54), ("COMPUTE_INPUT_END", t0 + 54.2),
+                                              ("COMPUTE_OUTPUT_START", t0 + 54.9), ("COMPUTE_END", t0 + 55),
+                                              ("REQUEST_END", t0 + 55)])
+        recs += _span(root + 1, "preprocessing", root, [("REQUEST_START", t0 + 1), ("QUEUE_START", t0 + 1),
+                                                        ("COMPUTE_START", t0 + 51), ("COMPUTE_INPUT_END", t0 + 51.5),
+                                                        ("COMPUTE_OUTPUT_START", t0 + 52.5), ("COMPUTE_END", t0 + 53),
+                                                        ("REQUEST_END", t0 + 53)])
+    stamps = [("REQUEST_START", t0), ("QUEUE_START", t0 + 0.5), ("REQUEST_END", t0 + 200),
+              ("GRPC_WAITREAD_START", t0 - 10), ("GRPC_WAITREAD_END", t0 - 0.1)]
+    if sends:
+        stamps.append(("INFER_RESPONSE_COMPLETE", t0 + sends[0][0]))
+    for a, b in sends:
+        stamps += [("GRPC_SEND_START", t0 + a), ("GRPC_SEND_END", t0 + b)]
+    return recs + _span(root, "ensemble", None, stamps)
 
 
 def test_trace_files_give_per_stage_times(tmp_path):
     base = tmp_path / "trace.json"
-    recs = _trace_records()
-    (tmp_path / "trace.json.0").write_text(json.dumps(recs[:9]))  # a request split over two files
-    base.write_text(json.dumps(recs[9:]))
+    first = _stream_request(1, 1000, [(75, 76), (125, 126), (196, 198)])  # prefill ends at 75, decode until 196
+    failed = _stream_request(4, 2000, [], children=False)  # refused before the llm: nothing to attribute
+    http = _stream_request(7, 3000, [])  # not a gRPC stream: no per-response times
+    (tmp_path / "trace.json.0").write_text(json.dumps(first[:16]))  # a request's traces split over two files
+    base.write_text(json.dumps(first[16:] + failed + http))
     files = tracing.trace_files(base)
     assert files == [tmp_path / "trace.json.0", base]
     stages = tracing.request_stages(tracing.load_spans(files))
     assert len(stages) == 1
     s = stages[0]
+    assert s.server_total == pytest.approx(200) and s.ensemble_queue == pytest.approx(0.5)
     assert s.pre_queue == pytest.approx(50) and s.pre_compute == pytest.approx(2)
-    assert s.engine_prefill == pytest.approx(20) and s.engine_decode == pytest.approx(123)
-    assert s.post_calls == 3 and s.post_busy_total == pytest.approx(3)
-    assert s.server_total == pytest.approx(200)
+    assert s.llm_queue == pytest.approx(0) and s.llm_compute == pytest.approx(1)
+    assert s.engine_prefill == pytest.approx(20)  # first response written - llm's execute() returned
+    assert s.engine_decode == pytest.approx(121)  # last response written - first
+    assert s.send_last == pytest.approx(2) and s.grpc_send_total == pytest.approx(4) and s.responses == 3
+    assert s.other == pytest.approx(200 - 0.5 - 52 - 1 - 20 - 121 - 2)
+    (tmp_path / "single.json").write_text(json.dumps(_stream_request(1, 5000, [(80, 81)])))
+    single = tracing.request_stages(tracing.load_spans([tmp_path / "single.json"]))
+    # stream=false: one response, so the whole generation counts as wait + prefill
+    assert single[0].responses == 1 and single[0].engine_decode == 0
+    assert single[0].engine_prefill == pytest.approx(25)
+    mean = tracing.mean_stages(stages + single)
+    assert mean["responses"] == pytest.approx(2) and mean["engine_decode"] == pytest.approx(60.5)
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -319,17 +341,35 @@ def test_metrics_deltas_with_and_without_the_engine_series():
 def test_advice_names_the_queue_and_its_batcher_delay():
     stages = {"client/network": 1.0, "ensemble queue": 0.0, "preprocessing queue": 300.0,
               "preprocessing compute": 2.0, "llm queue": 0.1, "llm enqueue (execute)": 0.5,
-              "engine wait + prefill": 10.0, "engine decode": 40.0, "postprocessing queue (last response)": 0.1,
-              "postprocessing compute (last response)": 1.0, "triton other (hand-offs)": 0.1}
+              "engine wait + prefill": 10.0, "engine decode": 40.0, "gRPC send (last response)": 0.2,
+              "triton other (hand-offs)": 0.1}
     layers = layers_of(stages)
+    assert list(layers) == list(LAYERS)  # every layer, each stage in exactly one of them
+    assert sum(layers.values()) == pytest.approx(sum(stages.values()))
     assert max(layers, key=layers.get) == "queue"
     config = {"preprocessing": {"instances": 1, "max_queue_delay_us": 300000, "preferred_batch_sizes": [8]}}
     r = _result(2, 50)
-    advice = advise(layers, stages, r, {}, config, {"max_batch_size": 8}, 2, {})
+    advice = advise(layers, stages, r, {}, config, {"max_batch_size": 8}, 2)
     assert "preprocessing queue" in advice[0] and "max_queue_delay_us=300000" in advice[0]
     stages.update({"preprocessing queue": 0.1, "engine decode": 400.0})
-    advice = advise(layers_of(stages), stages, r, {"nv_cpu_utilization": {"mean": 0.2, "max": 0.3}}, config, {}, 1, {})
+    advice = advise(layers_of(stages), stages, r, {"nv_cpu_utilization": {"mean": 0.2, "max": 0.3}}, config, {}, 1)
     assert "decoding dominates" in advice[0] and any("feeding path" in a for a in advice)
+    stages.update({"engine decode": 4.0, "engine wait + prefill": 90.0})
+    advice = advise(layers_of(stages), stages, r, {"llm_engine_queued_requests": {"mean": 3.0, "max": 5}}, config,
+                    {"max_batch_size": 8}, 12)
+    assert "KV-cache slot" in advice[0] and "8 slots" in advice[0]
+    stages.update({"engine wait + prefill": 9.0, "gRPC send (last response)": 60.0})
+    layers = layers_of(stages)
+    assert max(layers, key=layers.get) == "triton (other)"
+    assert "Triton's own time" in advise(layers, stages, r, {}, config, {}, 1)[0]
+
+
+def test_layers_without_a_trace_leave_out_what_only_a_trace_measures():
+    stages = {"ensemble queue": 0.1, "preprocessing queue": 0.2, "preprocessing compute": 3.0, "llm queue": 0.1,
+              "llm enqueue (execute)": 0.4, "engine wait + prefill": 20.0, "engine decode": 80.0}
+    layers = layers_of(stages)
+    assert set(layers) == {"queue", "preprocessing", "engine: wait + prefill", "engine: decode"}
+    assert layers["queue"] == pytest.approx(0.4) and layers["engine: wait + prefill"] == pytest.approx(20.4)
 
 
 # ---------------------------------------------------------------------------------------------- autotuner
@@ -341,10 +381,10 @@ def test_tuner_picks_the_fastest_configuration_that_meets_the_slo(tmp_path, engi
     base = tmp_path / "base.yaml"
     base.write_text(yaml.safe_dump({
         "name": "t", "engine_dir": str(engine_dir), "tokenizer_dir": str(tiny_checkpoint), "max_batch_size": 8,
-        "postprocessing": {"instances": 1, "batcher": {"max_queue_delay_us": 0}}}))
+        "preprocessing": {"instances": 1, "batcher": {"max_queue_delay_us": 0}}}))
     space = tmp_path / "space.yaml"
-    space.write_text(yaml.safe_dump({"dimensions": {"postprocessing.instances": [1, 2, 4],
-                                                    "postprocessing.batcher.max_queue_delay_us": [0, 500],
+    space.write_text(yaml.safe_dump({"dimensions": {"preprocessing.instances": [1, 2, 4],
+                                                    "preprocessing.batcher.max_queue_delay_us": [0, 500],
                                                     "engine.max_batch_size": [8, 16]}, "min_gain": 0.0},
                                     sort_keys=False))  # dimension order = search order
     profile = tmp_path / "load.yaml"
@@ -354,9 +394,9 @@ def test_tuner_picks_the_fastest_configuration_that_meets_the_slo(tmp_path, engi
     seen = []
 
     def fake(candidate, serving, work):
-        """More postprocessing instances: faster; 4 instances: fastest but over the latency SLO."""
-        seen.append((dict(candidate.settings), serving["postprocessing"]["instances"]))
-        n = serving["postprocessing"]["instances"]
+        """More preprocessing instances: faster; 4 instances: fastest but over the latency SLO."""
+        seen.append((dict(candidate.settings), serving["preprocessing"]["instances"]))
+        n = serving["preprocessing"]["instances"]
         out = []
         for level in (2, 4):
             r = _result(level, 10, rps=level * n)
@@ -367,12 +407,12 @@ def test_tuner_picks_the_fastest_configuration_that_meets_the_slo(tmp_path, engi
     outcome = run_tune(TuneOptions(profile=str(profile), space=space, base_profile=base, budget_s=60,
                                    max_candidates=10, out_dir=tmp_path / "out", progress=False), evaluate=fake)
     assert outcome.exit_code == 0
-    assert outcome.chosen is not None and outcome.chosen.changed == {"postprocessing.instances": 2}
+    assert outcome.chosen is not None and outcome.chosen.changed == {"preprocessing.instances": 2}
     assert outcome.chosen.score == 8 and outcome.chosen.best_level == 4
     assert seen[0][1] == 1  # the base first
     assert all(s[1] == 2 for s in seen[3:])  # the winner is kept while the other dimensions are tried
     chosen = yaml.safe_load((tmp_path / "out" / "chosen-profile.yaml").read_text())
-    assert chosen["postprocessing"]["instances"] == 2
+    assert chosen["preprocessing"]["instances"] == 2
     from builders.profile import ServingProfile
 
     ServingProfile.model_validate(chosen)  # usable by `python -m builders repository`

@@ -41,7 +41,7 @@ def test_smoke_sweep_writes_raw_data_report_and_plots(smoke_run):
         assert r["tpot"]["p50"] > 0 and r["throughput_rps"] > 0
         assert r["output_tokens_mean"] == 12  # exact output lengths: min_tokens = max_tokens
         assert 16 <= r["prompt_tokens_mean"] <= 32  # as the server counted them
-        assert set(r["composing"]) == {"preprocessing", "llm", "postprocessing"}
+        assert set(r["composing"]) == {"preprocessing", "llm"}
         assert r["metrics"]["models"]["ensemble"]["request_success"] >= r["requests"]
     with open(out / "summary.csv") as f:
         assert [row["level"] for row in csv.DictReader(f)] == ["1.0", "2.0"]
@@ -80,10 +80,8 @@ def test_headless_locust_reports_ttft_and_no_failures(triton, tiny_checkpoint, t
 
 def test_diagnose_names_the_dominant_stage_of_a_slowed_configuration(test_profile, tmp_path):
     """Preprocessing's dynamic batcher is told to hold requests 250 ms for a batch of 8: at 1 stream every
-    request waits there, which must come out as the dominant layer, with advice about that setting.
-
-    (At 2 streams, the last postprocessing call of some requests also waited ~250-500 ms in Triton's queue
-    in traces, which made the dominant stage flip between runs; see the note on issue 5.)"""
+    request waits there, which must come out as the dominant layer, with advice about that setting. The
+    engine's split into wait + prefill and decode comes from the per-response gRPC send times in the trace."""
     from builders.profile import DynamicBatcher, Stage
     from builders.repository import render_repository
     from loadtest.diagnose import DiagnoseOptions, run_diagnose
@@ -96,6 +94,15 @@ def test_diagnose_names_the_dominant_stage_of_a_slowed_configuration(test_profil
     assert d.source.startswith("Triton trace")
     assert d.dominant_layer == "queue" and d.dominant_stage == "preprocessing queue"
     assert d.stages["preprocessing queue"] > 150
+    assert "postprocessing" not in " ".join([*d.layers, *d.stages, *d.advice])
+    # Engine times from the per-response gRPC sends. The random model's tokens are often partial UTF-8, which
+    # the llm holds back until a character is complete, so 4 tokens come as 1-4 responses (+ the final one).
+    per_request = json.loads((tmp_path / "diag" / "diagnose.json").read_text())["per_request"]
+    assert per_request
+    for s in per_request:
+        assert 1 <= s["responses"] <= 5 and s["engine_prefill"] > 0
+        assert (s["engine_decode"] > 0) == (s["responses"] > 1)
+        assert s["engine_prefill"] + s["engine_decode"] + s["pre_queue"] < s["server_total"]
     assert "max_queue_delay_us=250000" in d.advice[0]
     text = (tmp_path / "diag" / "diagnose.md").read_text()
     assert "queue dominates" in text and "preprocessing queue" in text

@@ -16,6 +16,7 @@ from builders.profile import ServingProfile
 from builders.trtllm.layout import (
     BUDGET_FILE,
     TRTLLM_INPUTS,
+    engine_limits,
     model_configs_trtllm,
     render_trtllm_repository,
     server_command,

@@ -112,7 +112,7 @@ def make_pb_utils(script):
     pb.TritonError = _Error
     pb.TritonModelException = RuntimeError
     pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-    pb.Logger = types.SimpleNamespace(log_error=lambda m: None)
+    pb.Logger = types.SimpleNamespace(log_error=lambda m: None, log_info=lambda m: None)
     pb.get_input_tensor_by_name = lambda req, name: req._t.get(name)
     pb.get_output_tensor_by_name = lambda resp, name: next((t for t in resp.output_tensors() if t.name == name), None)
     pb.bls_calls = []
@@ -150,7 +150,7 @@ def wrapper(monkeypatch, tmp_path):
         spec.loader.exec_module(module)
         monkeypatch.setattr(module, "token_bytes_table", lambda _dir: TABLE)
         model = module.TritonPythonModel()
-        model.initialize({"model_config": '{"parameters": {"tensorrt_llm_model_name": {"string_value": '
+        model.initialize({"model_name": "llm", "model_config": '{"parameters": {"tensorrt_llm_model_name": {"string_value": '
                                           '"tensorrt_llm"}, "tokenizer_dir": {"string_value": "/t"}, '
                                           '"max_inflight": {"string_value": "4"}}}'})
         return model, pb
@@ -192,6 +192,10 @@ def test_wrapper_streams_with_the_cpu_contract(wrapper):
     assert "stop_words_list" not in call.inputs  # the empty word list is not forwarded
     assert bool(call.inputs["exclude_input_in_output"].reshape(-1)[0]) is True
     assert _outputs(sender) == [([ord("h")], "", 3, 2, 0), (EURO, "", 3, 4, 0), ([], "length", 3, 4, 1)]
+    # The wrapper answers in text too, each chunk whole UTF-8 (the ensemble ends with it: no postprocessing).
+    texts = [r.output_tensors()[2].as_numpy().reshape(-1)[0] for r, _ in sender.sent]
+    assert [r.output_tensors()[2].name for r, _ in sender.sent] == ["text_output"] * 3
+    assert texts == [b"h", "€".encode(), b""]
 
 
 def test_wrapper_non_streaming_echo_and_stop(wrapper):

@@ -7,7 +7,7 @@ Output directory (mount it into the serving container, e.g. at /engines/llama)::
     checkpoint/          TensorRT-LLM checkpoint (intermediate; safe to delete after the build)
     calibration/         train.jsonl (calibrated variants only) + calibration.json beside it
     engine/              config.json, rank*.engine, manifest.json
-    tokenizer/           the checkpoint's tokenizer files (what pre/postprocessing load)
+    tokenizer/           the checkpoint's tokenizer files (what preprocessing and the llm load)
     memory_budget.json   the budget printed at the start
     model_repository/    the rendered Triton repository, paths as the server sees them
 """

@@ -1,6 +1,6 @@
 """The GPU model repository: the CPU spine with the LLM served by TensorRT-LLM.
 
-    ensemble:  preprocessing  →  llm (Python, decoupled)  →  postprocessing
+    ensemble:  preprocessing  →  llm (Python, decoupled; answers in text)
                                   │ BLS stream, per request
                                   ▼
                                 tensorrt_llm (C++ ``tensorrtllm`` backend, in-flight batching)
@@ -8,12 +8,13 @@
 Why ``llm`` is a thin Python model over ``tensorrt_llm`` rather than ``tensorrt_llm`` itself in the ensemble:
 Triton's ensemble scheduler runs a step for response *k* of a decoupled model only when *every* input of the
 step has a tensor of iteration *k* (``ensemble_scheduler.cc: GetNextSteps``). Preprocessing answers once, so
-postprocessing cannot take request facts (``input_lengths``, ``request_output_len``) from it without hanging
-on the second streamed response; and the C++ backend returns neither ``finish_reason`` nor cumulative token
-counts. The ``llm`` wrapper keeps per-request state and answers with exactly the CPU ``llm`` contract
-(``output_ids``, ``sequence_length``, ``finish_reason``, ``num_input_tokens``, ``num_output_tokens``), and it
-holds a UTF-8 character split across streamed tokens back until it is complete, so preprocessing,
-postprocessing and the ensemble are the CPU ones, unchanged.
+a step after ``tensorrt_llm`` cannot take request facts (``input_lengths``, ``request_output_len``) from it
+without hanging on the second streamed response; and the C++ backend returns neither ``finish_reason`` nor
+cumulative token counts. The ``llm`` wrapper keeps per-request state and answers with exactly the CPU ``llm``
+contract (``output_ids``, ``sequence_length``, ``text_output``, ``finish_reason``, ``num_input_tokens``,
+``num_output_tokens``), holding a UTF-8 character split across streamed tokens back until it is complete, so
+preprocessing and the ensemble are the CPU ones, unchanged. It makes the text itself, in order, on the thread
+that sends the request's responses (serving.triton_io.llm_response says why no postprocessing follows it).
 
 Every ``config.pbtxt`` is a ``ModelConfig`` protobuf message (no templates).
 """
