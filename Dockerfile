@@ -41,11 +41,19 @@ RUN if [ "${TRTLLM_EXAMPLES}" = "1" ]; then \
     fi
 
 # The project's own tools (builder CLI, engine check) get a venv on top of the image's packages, so the
-# pinned model-config protobuf never replaces what TensorRT-LLM uses. The Triton Python stubs use the image's
-# Python with PYTHONPATH = the project only.
+# pinned model-config protobuf never replaces what TensorRT-LLM uses. The Triton Python stubs embed the image's
+# own python3, which ignores PYTHONPATH (isolated configuration, serving/stub_python.py): a .pth file in its
+# site-packages puts the project on its sys.path.
+# The venv's packages come from requirements-gpu.lock (`make lock`): pip, tritonclient[grpc], protobuf, pydantic,
+# pyyaml and their dependencies at requirements.lock's versions, resolved for the image's Python 3.12, every file
+# sha256-checked, nothing resolved. What no lock can pin here: the image's own packages (TensorRT-LLM, its torch,
+# TensorRT, tritonserver), which the image tag pins, and the two example scripts above, fetched by commit.
+COPY requirements-gpu.lock /tmp/requirements-gpu.lock
 RUN python3 -m venv --system-site-packages /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir "tritonclient[grpc]==2.51.0" "protobuf==4.25.9" \
-       "pydantic==2.14.3" "pyyaml==6.0.3"
+    && /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps --only-binary :all: \
+       -r /tmp/requirements-gpu.lock \
+    && /opt/venv/bin/python -c "import tritonclient.grpc, google.protobuf, pydantic, yaml" \
+    && python3 -c "import site; open(site.getsitepackages()[0] + '/triton_llm_stack.pth', 'w').write('/opt/triton-llm-stack\n')"
 
 WORKDIR /opt/triton-llm-stack
 COPY builders/ builders/

@@ -48,6 +48,8 @@ def test_gpu_dockerfile_properties():
     assert entry[-3:] == ["-m", "builders.trtllm", "serve"]
     assert "/v2/health/ready" in get("HEALTHCHECK")[0]
     assert any(a.startswith("BAKE_ENGINE=") for a in get("ARG"))
+    # The stubs embed the image's python3, which ignores PYTHONPATH: the project reaches it through a .pth file.
+    assert any("site.getsitepackages()" in r and "triton_llm_stack.pth" in r for r in get("RUN"))
     assert any("/engines/llama" in c for c in get("COPY"))
     assert json.loads(get("CMD")[0]) == ["--model-repository", "/engines/llama/model_repository"]
 
@@ -58,7 +60,9 @@ def test_cpu_dockerfile_properties():
     assert get("FROM")[0].startswith("python:3.11")
     assert get("USER") == ["1000"]
     assert json.loads(get("ENTRYPOINT")[0]) == ["/usr/bin/tini", "--", "python", "-m", "serving", "serve"]
-    assert any("download.pytorch.org/whl/cpu torch==2.13.0" in r for r in get("RUN"))
+    run = " ".join(get("RUN"))
+    assert "--require-hashes" in run and "-r requirements.lock" in run  # every package from the lock
+    assert "download.pytorch.org/whl/cpu" in run  # where torch 2.13.0+cpu (hash-pinned in the lock) comes from
     assert "/v2/health/ready" in get("HEALTHCHECK")[0]
 
 
