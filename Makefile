@@ -24,139 +24,29 @@ help:
 	@echo "make lock   regenerate the hash-pinned locks (requirements*.lock) from pyproject.toml and requirements-server.txt"
 
 # ---- The environment is exactly the hash-pinned locks (README: "Dependencies and the lock") ----
-# requirements.lock         every package the environment installs, transitive ones included: pyproject.toml's
-#                           dependencies + dev extra, build-system.requires (setuptools) and pip, resolved together
-# requirements-server.lock  nvidia-pytriton (requirements-server.txt), locked and installed WITHOUT its dependencies:
-#                           its tritonclient[http] requirement pins geventhttpclient<=2.0.2, which conflicts with locust
-# requirements-gpu.lock     the GPU image's tool venv (Dockerfile): GPU_LOCK_PACKAGES at requirements.lock's versions,
-#                           resolved for the image's CPython 3.12
-# `make lock` regenerates all three with uv. It keeps the existing pins that still fit (editing one pin in
-# pyproject.toml moves only what that needs); UPGRADE=1 re-resolves everything, UPGRADE_PACKAGES="pip ..." only those.
-LOCKS := requirements.lock requirements-server.lock requirements-gpu.lock
-LOCK_TOOLS := pip
-GPU_LOCK_PACKAGES := pip tritonclient[grpc] protobuf pydantic pyyaml
-UV_VERSION := 0.13.9
-UV_VENV := build/tools/uv-$(UV_VERSION)
-UV := $(UV_VENV)/bin/uv
-# The CPU build of torch: from a folder holding its wheel (our machines: /opt/wheels, pip's find-links), else from
-# PyTorch's CPU index (uv --torch-backend cpu). PyPI's torch for Linux is the CUDA build: it must never be locked.
+# requirements.lock (every package the venv installs), requirements-server.lock (nvidia-pytriton, installed without
+# its dependencies) and requirements-gpu.lock (the GPU image's tool venv) are made by scripts/lock.py with uv.
+# `make lock` keeps the existing pins that still fit (editing one pin in pyproject.toml moves only what that needs);
+# UPGRADE=1 re-resolves everything, UPGRADE_PACKAGES="pip ..." only those. torch is the CPU build: from the wheel in
+# TORCH_WHEELS (pip's find-links) when it is there, else from PyTorch's CPU index; PyPI's Linux torch is the CUDA one.
 TORCH_WHEELS ?= /opt/wheels
-LOCK_TORCH = $(if $(wildcard $(TORCH_WHEELS)/torch-*+cpu-*.whl),--find-links $(TORCH_WHEELS),--torch-backend cpu)
-UV_COMPILE = $(abspath $(UV)) pip compile --quiet --generate-hashes --only-binary :all: --no-header --native-tls \
-  $(if $(UPGRADE),--upgrade) $(foreach p,$(UPGRADE_PACKAGES),--upgrade-package $(p))
-CPU_TARGET := --python-version 3.11 --python-platform x86_64-manylinux_2_36
-GPU_TARGET := --python-version 3.12 --python-platform x86_64-manylinux_2_39
-# How every lock is installed: each file's sha256 checked, nothing resolved, no source builds.
-PIP_LOCKED := --require-hashes --no-deps --only-binary :all:
-LOCK_INPUTS = $(foreach p,main: $(LOCK_TOOLS) gpu: $(GPU_LOCK_PACKAGES),'$(p)')
 
-# A digest of what the locks are made from, recorded in each lock's header, so that an install can tell a lock made
-# from other inputs (file times cannot: a git checkout gives every file the time of the checkout).
-define LOCK_DIGEST_PY
-import hashlib, json, sys, tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))
-server = [line.split("#")[0].strip() for line in open("requirements-server.txt")]
-inputs = {"requires-python": project["project"]["requires-python"],
-          "dependencies": sorted(project["project"]["dependencies"]),
-          "dev": sorted(project["project"]["optional-dependencies"]["dev"]),
-          "build-system": sorted(project["build-system"]["requires"]),
-          "server": sorted(filter(None, server)), "lock": sys.argv[1:]}
-print(hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest())
-endef
+lock:
+	$(PYTHON) scripts/lock.py write $(if $(UPGRADE),--upgrade) $(UPGRADE_PACKAGES:%=--upgrade-package '%') \
+	  --torch-wheels '$(TORCH_WHEELS)'
 
-# After installing: uninstall what the locks do not list (left over from an older lock), so the venv is the lock.
-define LOCK_SYNC_PY
-import importlib.metadata as md, re, subprocess, sys
-norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
-locked = {norm(n) for f in sys.argv[1:] for n in re.findall(r"(?m)^([A-Za-z0-9][A-Za-z0-9._-]*)==", open(f).read())}
-names = {norm(d.metadata["Name"]) for d in md.distributions() if d.metadata["Name"]}
-extra = sorted(names - locked - {"triton-llm-stack"})
-if extra:
-    print("uninstalling what the lock does not list:", *extra)
-    subprocess.run([sys.executable, "-m", "pip", "uninstall", "--quiet", "--yes", *extra], check=True)
-endef
-
-define LOCK_HEADER_MAIN
-# requirements.lock: every package the project's environment installs, transitive ones included, pinned with sha256
-# hashes. Made by `make lock` (uv $(UV_VERSION) pip compile) from pyproject.toml: its dependencies, the dev extra and
-# build-system.requires (setuptools builds the editable install, without build isolation), plus pip itself.
-# Do not edit: change a pin in pyproject.toml, run `make lock`, commit both (README: "Dependencies and the lock").
-#
-# Installed only hash-checked, resolving nothing (Makefile, Dockerfile.cpu):
-#   pip install $(PIP_LOCKED) -r requirements.lock -r requirements-server.lock
-#   pip install --no-deps --no-build-isolation -e . --config-settings editable_mode=compat
-#
-# torch is PyTorch's CPU build (version +cpu). PyPI's torch for Linux is the multi-GB CUDA build with nvidia-*
-# packages and must never enter this file (tests/test_lock.py checks). On our machines pip finds the CPU wheel in
-# /opt/wheels (pip's find-links) and `make lock` recorded that file's hash. A machine without /opt/wheels gets the
-# same file from PyTorch's CPU index, and the hash check proves it is the same bytes (pip refuses any other file):
-#   export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu   (then the same pip install)
-# Resolved for CPython 3.11 on Linux x86_64, glibc 2.36 (Debian 12: our machines and the CPU image); each pin lists
-# the hashes of all its published files, and pip installs only one whose hash is listed.
-endef
-
-define LOCK_HEADER_SERVER
-# requirements-server.lock: nvidia-pytriton (requirements-server.txt: the tritonserver 2.51 binary, its Python
-# backend and stubs), pinned with sha256 hashes and WITHOUT its dependencies. It is installed with --no-deps like
-# every lock: we run only its binaries, and its own requirement tritonclient[http] pins geventhttpclient<=2.0.2,
-# which conflicts with locust 2.47 (load tests). So `pip check` reports nvidia-pytriton's uninstalled requirements
-# (importlib-metadata, sh, typing-inspect, wrapt: its Python API, which we do not use), and nothing else.
-# Made by `make lock` (uv $(UV_VERSION) pip compile --no-deps); do not edit.
-#   pip install $(PIP_LOCKED) -r requirements.lock -r requirements-server.lock
-endef
-
-define LOCK_HEADER_GPU
-# requirements-gpu.lock: the project tools' venv in the GPU image (Dockerfile: python3 -m venv --system-site-packages
-# on the TensorRT-LLM Triton image): $(GPU_LOCK_PACKAGES) and their dependencies, at
-# requirements.lock's versions, resolved for the image's CPython 3.12 (Linux x86_64, glibc 2.39), sha256-pinned.
-# The image's own packages (TensorRT-LLM, its torch) come with the image and are not in any lock.
-# Made by `make lock` (uv $(UV_VERSION) pip compile); do not edit.
-#   pip install $(PIP_LOCKED) -r requirements-gpu.lock
-endef
-
-# Only the recipes that use them see these scripts and headers in their environment.
-lock: export LOCK_DIGEST_PY := $(LOCK_DIGEST_PY)
-lock: export LOCK_HEADER_MAIN := $(LOCK_HEADER_MAIN)
-lock: export LOCK_HEADER_SERVER := $(LOCK_HEADER_SERVER)
-lock: export LOCK_HEADER_GPU := $(LOCK_HEADER_GPU)
-$(VENV)/.installed: export LOCK_DIGEST_PY := $(LOCK_DIGEST_PY)
-$(VENV)/.installed: export LOCK_SYNC_PY := $(LOCK_SYNC_PY)
-
-$(UV):
-	rm -rf $(UV_VENV) && $(PYTHON) -m venv $(UV_VENV)
-	$(UV_VENV)/bin/python -m pip install --quiet uv==$(UV_VERSION)
-
-# Resolve into build/lock (reading the committed locks' pins as preferences), then write the locks with their headers.
-lock: $(UV)
-	@set -euo pipefail; rm -rf build/lock && mkdir -p build/lock; \
-	for lock in $(LOCKS); do if [ -f $$lock ]; then cp $$lock build/lock/; fi; done; \
-	digest=$$($(PYTHON) -c "$$LOCK_DIGEST_PY" $(LOCK_INPUTS)); \
-	echo "make lock: torch from $(LOCK_TORCH)"; \
-	{ $(PYTHON) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")'; \
-	  printf '%s\n' $(LOCK_TOOLS); } \
-	  | $(UV_COMPILE) $(CPU_TARGET) $(LOCK_TORCH) pyproject.toml --extra dev - -o build/lock/requirements.lock; \
-	$(UV_COMPILE) $(CPU_TARGET) --no-deps requirements-server.txt -o build/lock/requirements-server.lock; \
-	printf '%s\n' $(foreach p,$(GPU_LOCK_PACKAGES),'$(p)') \
-	  | (cd build/lock && $(UV_COMPILE) $(GPU_TARGET) - -c requirements.lock -o requirements-gpu.lock); \
-	{ printf '%s\n' "$$LOCK_HEADER_MAIN" "# inputs-sha256: $$digest"; cat build/lock/requirements.lock; } > requirements.lock; \
-	{ printf '%s\n' "$$LOCK_HEADER_SERVER" "# inputs-sha256: $$digest"; cat build/lock/requirements-server.lock; } \
-	  > requirements-server.lock; \
-	{ printf '%s\n' "$$LOCK_HEADER_GPU" "# inputs-sha256: $$digest"; cat build/lock/requirements-gpu.lock; } \
-	  > requirements-gpu.lock; \
-	for lock in $(LOCKS); do echo "$$lock: $$(grep -c '^[A-Za-z0-9].*==' $$lock) pinned"; done
-
-# The venv: the locks, hash-checked, then the project in place without dependencies or build isolation (setuptools
-# comes from the lock; compat mode puts the project root on sys.path through a .pth, which the Triton Python stub
-# relies on). A lock made from other pyproject.toml / requirements-server.txt pins is refused, never installed.
+# The venv is the locks and nothing else. A lock made from other pyproject.toml / requirements-server.txt pins is
+# refused before anything is installed (its header records a digest of them). Every file's sha256 is checked and
+# nothing is resolved or built from source; the project goes in place without dependencies or build isolation
+# (setuptools comes from the lock; compat mode puts the project root on sys.path through a .pth, which the Triton
+# Python stub relies on). Last, what the locks do not list (left from an older lock) is uninstalled.
 $(VENV)/.installed: requirements.lock requirements-server.lock pyproject.toml requirements-server.txt
-	@want=$$($(PYTHON) -c "$$LOCK_DIGEST_PY" $(LOCK_INPUTS)) || exit 1; for lock in $(LOCKS); do \
-	  grep -qsx "# inputs-sha256: $$want" $$lock || { echo "error: $$lock was not made from the current" \
-	    "pyproject.toml / requirements-server.txt (pins, dev extra, build-system): run 'make lock'," \
-	    "then commit the lock files with them. Stale pins are not installed." >&2; exit 1; }; done
+	$(PYTHON) scripts/lock.py check
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet $(PIP_LOCKED) -r requirements.lock -r requirements-server.lock
+	$(PY) -m pip install --quiet --require-hashes --no-deps --only-binary :all: \
+	  -r requirements.lock -r requirements-server.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e . --config-settings editable_mode=compat
-	$(PY) -c "$$LOCK_SYNC_PY" requirements.lock requirements-server.lock
+	$(PY) scripts/lock.py sync
 	touch $@
 
 venv: $(VENV)/.installed

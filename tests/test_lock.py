@@ -7,15 +7,18 @@
 - no CUDA package can enter: no ``nvidia-*`` (except nvidia-pytriton, the tritonserver wheel), no ``cuda-*``, no
   OpenAI ``triton`` compiler, and torch is the ``+cpu`` build;
 - the locks satisfy every pin in pyproject.toml and requirements-server.txt (a pin edited without ``make lock``
-  fails here as well as in ``make venv``).
+  fails here as well as in ``make venv``);
+- scripts/lock.py (``make lock``, ``make venv``'s stale check and sync) agrees with the locks and the Makefile.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
+import importlib.util
 import os
 import re
+import shutil
 import sys
 import tomllib
 from dataclasses import dataclass, field
@@ -32,6 +35,17 @@ ALL_LOCKS = (*ENV_LOCKS, "requirements-gpu.lock")  # + the GPU image's tool venv
 PROJECT = "triton-llm-stack"  # installed editable from the checkout, not from a lock
 SERVER_WHEEL = "nvidia-pytriton"  # the one nvidia-* package allowed: tritonserver 2.51 for CPU, no CUDA inside
 
+
+
+def _load_lock_script():
+    spec = importlib.util.spec_from_file_location("lock_script", ROOT / "scripts" / "lock.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LOCK_PY = _load_lock_script()  # scripts/lock.py: `make lock`, and `make venv`'s check and sync
 _PIN = re.compile(r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==(?P<version>[A-Za-z0-9.+!_-]+)$")
 _HASH = re.compile(r"^--hash=sha256:[0-9a-f]{64}$")
 
@@ -259,3 +273,47 @@ def test_parser_flags_what_require_hashes_would_refuse(tmp_path):
     assert [p.split(": ")[1] for p in cuda_problems(torch_cuda)] == \
         ["torch==2.13.0 is not the CPU build (+cpu)", "nvidia-cublas==13.1.0 is a CUDA package",
          "triton==3.5.0 belongs to the CUDA stack"]
+
+
+# ---- scripts/lock.py: what `make lock` writes, `make venv` checks and syncs ----
+
+def test_each_lock_starts_with_the_header_make_lock_writes():
+    """The header text is lock.py's, and its digest is of the current inputs: `make venv` accepts the lock."""
+    digest = LOCK_PY.inputs_digest(ROOT)
+    wrong = [name for name in ALL_LOCKS if not (ROOT / name).read_text().startswith(LOCK_PY.header(name, digest))]
+    if wrong:
+        pytest.fail(f"{', '.join(wrong)}: the header is not what scripts/lock.py writes for the current "
+                    "pyproject.toml / requirements-server.txt; run `make lock` and commit both", pytrace=False)
+
+
+def test_stale_check_refuses_a_lock_made_from_other_inputs(tmp_path, capsys):
+    for name in (*ALL_LOCKS, "pyproject.toml", "requirements-server.txt"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + "# a comment changes no input\n")
+    assert LOCK_PY.stale_locks(tmp_path) == [] and LOCK_PY.check(tmp_path) == 0
+    pyproject.write_text(pyproject.read_text().replace("dependencies = [", 'dependencies = [\n  "six==1.17.0",', 1))
+    assert LOCK_PY.stale_locks(tmp_path) == list(ALL_LOCKS)
+    assert LOCK_PY.check(tmp_path) == 1 and "run 'make lock'" in capsys.readouterr().err
+    shutil.copy(ROOT / "pyproject.toml", pyproject)
+    (tmp_path / "requirements-gpu.lock").unlink()
+    assert LOCK_PY.stale_locks(tmp_path) == ["requirements-gpu.lock"]
+
+
+def test_sync_reads_the_same_names_as_this_parser():
+    for name in ALL_LOCKS:
+        assert LOCK_PY.pinned_names((ROOT / name).read_text()) == set(parse_lock(ROOT / name).entries), name
+    assert LOCK_PY.pinned_names("# c\nZope.Event==6.2 \\\n    # via x\nflask_login==0.6.3\n  six==1\n") == \
+        {"zope-event", "flask-login"}
+
+
+def test_makefile_installs_the_way_the_lock_headers_say():
+    makefile = " ".join((ROOT / "Makefile").read_text().replace("\\\n", " ").split())
+    command = f"-m pip install --quiet {LOCK_PY.PIP_LOCKED} -r requirements.lock -r requirements-server.lock"
+    assert command in makefile, "the Makefile's pip flags and scripts/lock.py's PIP_LOCKED (lock headers) differ"
+
+
+def test_torch_comes_from_a_cpu_wheel_folder_or_the_cpu_index(tmp_path):
+    assert LOCK_PY.torch_source(str(tmp_path)) == LOCK_PY.torch_source("") == ["--torch-backend", "cpu"]
+    (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
+    assert LOCK_PY.torch_source(str(tmp_path)) == ["--find-links", str(tmp_path)]

@@ -214,6 +214,7 @@ def fake_pb_utils():
     pb.TritonError = _Error
     pb.InferenceResponse = _Response
     pb.get_input_tensor_by_name = lambda request, name: (_Tensor(name, request[name]) if name in request else None)
+    pb.Logger = types.SimpleNamespace(log_info=lambda message: None)
     return pb
 
 
@@ -231,8 +232,8 @@ def preprocessing(tiny_checkpoint):
         spec.loader.exec_module(module)
         model = module.TritonPythonModel()
         params = {"tokenizer_dir": str(tiny_checkpoint), "max_input_len": "192", "max_seq_len": "256"}
-        model.initialize({"model_config": json.dumps({"parameters": {k: {"string_value": v}
-                                                                      for k, v in params.items()}})})
+        config = json.dumps({"parameters": {k: {"string_value": v} for k, v in params.items()}})
+        model.initialize({"model_name": "preprocessing", "model_config": config})
         yield model
     finally:
         for k, v in saved.items():
