@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -58,9 +59,10 @@ def shutting_down_response() -> "pb_utils.InferenceResponse":
 
 
 def llm_response(table: list[bytes], ids: list[int], finish_reason: str, num_input_tokens: int,
-                 num_output_tokens: int) -> "pb_utils.InferenceResponse":
+                 num_output_tokens: int, outputs: Collection[str]) -> "pb_utils.InferenceResponse":
     """One response of the ``llm`` model (CPU engine and GPU wrapper alike): TensorRT-LLM's ``output_ids`` and
-    ``sequence_length``, and the text of those ids.
+    ``sequence_length``, the text of those ids, the finish reason and the token counts — only the ``outputs``
+    the request asked for (the ensemble asks for the text, not the ids).
 
     The text is made here, by the one thread that answers the request in order, and not by a
     postprocessing model after it: Triton runs the responses of one stream on several postprocessing
@@ -68,11 +70,13 @@ def llm_response(table: list[bytes], ids: list[int], finish_reason: str, num_inp
     (seen on the first request after start; tensorrtllm_backend#614). ``ids`` end on a complete UTF-8
     character (serving.text.Utf8Chunker), so each chunk decodes on its own.
     """
-    return pb_utils.InferenceResponse(output_tensors=[
-        pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, -1)),
-        pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
-        pb_utils.Tensor("text_output", np.array([[decode_ids(table, ids).encode("utf-8")]], dtype=object)),
-        pb_utils.Tensor("finish_reason", np.array([[finish_reason.encode()]], dtype=object)),
-        pb_utils.Tensor("num_input_tokens", np.array([[num_input_tokens]], dtype=np.int32)),
-        pb_utils.Tensor("num_output_tokens", np.array([[num_output_tokens]], dtype=np.int32)),
-    ])
+    values = {
+        "output_ids": lambda: np.array(ids, dtype=np.int32).reshape(1, 1, -1),
+        "sequence_length": lambda: np.array([[len(ids)]], dtype=np.int32),
+        "text_output": lambda: np.array([[decode_ids(table, ids).encode("utf-8")]], dtype=object),
+        "finish_reason": lambda: np.array([[finish_reason.encode()]], dtype=object),
+        "num_input_tokens": lambda: np.array([[num_input_tokens]], dtype=np.int32),
+        "num_output_tokens": lambda: np.array([[num_output_tokens]], dtype=np.int32),
+    }
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, make()) for name, make in values.items()
+                                                      if name in outputs])

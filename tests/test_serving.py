@@ -11,6 +11,7 @@ import requests
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from builders import triton_config as tc
 from builders.triton_config import parse_pbtxt, to_pbtxt
 from tests.triton_helpers import make_input, stream_request, text_inputs, texts
 
@@ -87,6 +88,23 @@ def test_greedy_tokens_equal_hugging_face(triton, hf, prompt):
     assert texts(responses) == [tokenizer.decode(expected, skip_special_tokens=True).encode()]
     assert int(responses[0]["num_output_tokens"].reshape(-1)[0]) == len(expected)
     assert int(responses[0]["num_input_tokens"].reshape(-1)[0]) == len(ids)
+
+
+def test_llm_sends_only_the_outputs_a_request_asks_for(triton, hf):
+    """The contract the ensemble relies on: only the requested outputs arrive, all of them when none is named.
+    (The llm must also *build* only those: Triton 2.51 corrupted its heap under load when a decoupled Python
+    model's responses carried unrequested outputs, docs/reliability.md B9; the soak test is what catches that.)"""
+    tokenizer, _ = hf
+    ids = tokenizer("def f(x):").input_ids
+    inputs = [make_input("input_ids", [ids], np.int32), make_input("input_lengths", [[len(ids)]], np.int32),
+              make_input("request_output_len", [[6]], np.int32)]
+    everything, error = stream_request(triton.urls.grpc, "llm", inputs)
+    assert error is None, error
+    assert set(everything[0]) == {t.name for t in tc.LLM_OUTPUTS}
+    only_ids, error = stream_request(triton.urls.grpc, "llm", inputs, outputs=["output_ids"])
+    assert error is None, error
+    assert set(only_ids[0]) == {"output_ids"}
+    assert only_ids[0]["output_ids"].tolist() == everything[0]["output_ids"].tolist()
 
 
 def test_ensemble_equals_hand_chained_models(triton, hf):

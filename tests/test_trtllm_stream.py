@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from builders import triton_config as tc
+
 from builders.trtllm.stream_state import StreamState
 
 WRAPPER = Path(__file__).parents[1] / "builders" / "trtllm" / "models" / "llm" / "1" / "model.py"
@@ -91,11 +93,15 @@ class _Sender:
 
 
 class _Request:
-    def __init__(self, tensors, sender):
+    def __init__(self, tensors, sender, outputs=None):
         self._t, self._s = {k: _Tensor(k, v) for k, v in tensors.items()}, sender
+        self._outputs = outputs
 
     def get_response_sender(self):
         return self._s
+
+    def requested_output_names(self):  # a client that names no outputs gets them all (Triton normalises)
+        return self._outputs or [t.name for t in tc.LLM_OUTPUTS]
 
 
 class _Stream(list):
@@ -223,3 +229,17 @@ def test_wrapper_cancellation_and_errors(wrapper):
     resp, flags = bad.sent[0]
     assert flags == 1 and resp.has_error() and "input_ids is empty" in resp.error().message()
     model.finalize()
+
+
+def test_wrapper_sends_only_the_requested_outputs(wrapper):
+    """The ensemble asks the llm for text, finish reason and counts, not ids: a response carrying outputs nobody
+    asked for made Triton 2.51 corrupt its heap under load (docs/reliability.md B9), so none are sent."""
+    model, _ = wrapper(lambda inputs: [[ord("o"), ord("k")], None])
+    sender = _Sender()
+    request = _request(sender, [1, 2], max_tokens=2, streaming=True)
+    request._outputs = ["text_output", "finish_reason"]
+    model.execute([request])
+    assert sender.done.wait(5)
+    model.finalize()
+    assert [[t.name for t in r.output_tensors()] for r, _ in sender.sent] == [["text_output", "finish_reason"]] * 2
+    assert b"".join(r.output_tensors()[0].as_numpy().reshape(-1)[0] for r, _ in sender.sent) == b"ok"

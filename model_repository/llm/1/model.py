@@ -34,6 +34,7 @@ class _Stream:
     echo_ids: list[int]  # prompt ids to prepend to the first response (exclude_input_in_output=false)
     chunker: Utf8Chunker
     client_id: str = ""
+    outputs: frozenset[str] = frozenset()  # what the request asked for: only those are sent
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     ready: list[int] = field(default_factory=list)  # complete-text token ids not sent yet
@@ -148,7 +149,7 @@ class TritonPythonModel:
         )
         stream = _Stream(sender=sender, streaming=bool(scalar(request, "streaming", bool)),
                          echo_ids=[] if exclude_input in (None, True) else prompt, chunker=Utf8Chunker(self.table),
-                         client_id=request.request_id())
+                         client_id=request.request_id(), outputs=frozenset(request.requested_output_names()))
         return gen, stream
 
     @staticmethod
@@ -217,7 +218,8 @@ class TritonPythonModel:
         if stream.echo_ids:
             ids, stream.echo_ids = stream.echo_ids + ids, []
         reason = event.finish_reason.value if final else ""
-        response = llm_response(self.table, ids, reason, event.num_input_tokens, event.num_output_tokens)
+        response = llm_response(self.table, ids, reason, event.num_input_tokens, event.num_output_tokens,
+                                stream.outputs)
         try:
             stream.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
         except Exception as exc:

@@ -40,10 +40,11 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 inputs, state = self._prepare(request)
+                outputs = frozenset(request.requested_output_names())
             except (RequestError, ValueError) as exc:
                 sender.send(error_response(exc), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            self.pool.submit(self._stream, inputs, state, sender)
+            self.pool.submit(self._stream, inputs, state, sender, outputs)
         return None
 
     def _prepare(self, request):
@@ -71,7 +72,7 @@ class TritonPythonModel:
         return inputs, StreamState(self.table, streaming, max_tokens, length, echo)
 
     # ---- worker threads: one BLS stream per request ------------------------------------------------------
-    def _stream(self, inputs, state: StreamState, sender):
+    def _stream(self, inputs, state: StreamState, sender, outputs: frozenset[str]):
         try:
             bls = pb_utils.InferenceRequest(model_name=self.trt_model, inputs=inputs,
                                             requested_output_names=["output_ids", "sequence_length"])
@@ -93,8 +94,8 @@ class TritonPythonModel:
                 n = min(int(seq.reshape(-1)[0]), row.shape[0])
                 chunk = state.push([int(i) for i in row[:n]])
                 if chunk is not None:
-                    sender.send(self._response(chunk), flags=0)
-            sender.send(self._response(state.finish(cancelled)),
+                    sender.send(self._response(chunk, outputs), flags=0)
+            sender.send(self._response(state.finish(cancelled), outputs),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as exc:  # noqa: BLE001 - the client must get an answer whatever failed
             try:
@@ -103,9 +104,9 @@ class TritonPythonModel:
             except Exception as send_exc:  # noqa: BLE001 - client gone
                 pb_utils.Logger.log_error(f"llm: sending an error response failed: {send_exc}")
 
-    def _response(self, chunk: Chunk):
+    def _response(self, chunk: Chunk, outputs: frozenset[str]):
         return llm_response(self.table, chunk.ids, chunk.finish_reason, chunk.num_input_tokens,
-                            chunk.num_output_tokens)
+                            chunk.num_output_tokens, outputs)
 
     def finalize(self):
         # Drain: streams already handed to workers finish before the stub exits.
