@@ -22,6 +22,7 @@ from builders.trtllm.layout import (
     server_command,
 )
 from builders.trtllm.options import GpuProfile, TrtllmOptions
+from builders.trtllm.pins import BACKEND_REQUIRED_PARAMETERS
 
 ENGINES = Path(__file__).parent / "fixtures" / "trtllm" / "engines"
 FIXTURES = sorted(p.name for p in ENGINES.iterdir())
@@ -154,3 +155,17 @@ def test_multi_gpu_launch_world_size():
 def test_trtllm_input_table_names_are_unique():
     names = [n for n, _, _ in TRTLLM_INPUTS]
     assert len(names) == len(set(names))
+
+
+def test_every_parameter_the_backend_cannot_do_without_is_rendered():
+    """The pinned backend throws on a missing one of these and the model (so the ensemble) does not load."""
+    configs = {n: c for n, _, c in model_configs_trtllm(profile_for(ENGINES / "llama3-8b-fp8-kvfp8"))}
+    params = configs["tensorrt_llm"].parameters
+    missing = sorted(set(BACKEND_REQUIRED_PARAMETERS) - set(params))
+    assert not missing, f"tensorrt_llm config.pbtxt lacks {missing} ({BACKEND_REQUIRED_PARAMETERS})"
+    # Guided decoding stays off: the backend switches it on only when both of these are non-empty.
+    assert params["guided_decoding_backend"].string_value == params["xgrammar_tokenizer_info_path"].string_value == ""
+    assert params["tokenizer_dir"].string_value == str(profile_for(ENGINES / "llama3-8b-fp8-kvfp8").tokenizer_dir)
+    # An empty value survives the text format (Triton hands the backend string_value "" for `value { }`).
+    reparsed = text_format.Parse(tc.to_pbtxt(configs["tensorrt_llm"]), mc.ModelConfig())
+    assert "guided_decoding_backend" in reparsed.parameters

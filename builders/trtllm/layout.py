@@ -115,8 +115,9 @@ def _param(cfg: mc.ModelConfig, key: str, value) -> None:
 
 
 def tensorrt_llm_config(engine_dir: str | Path, engine_cfg: dict, options: TrtllmOptions,
-                        kv_tokens: int | None = None) -> mc.ModelConfig:
-    """The C++ backend model, configured from the engine's own limits and the runtime options."""
+                        kv_tokens: int | None = None, tokenizer_dir: str | Path = "") -> mc.ModelConfig:
+    """The C++ backend model, configured from the engine's own limits and the runtime options. Every parameter
+    the backend cannot do without (pins.BACKEND_REQUIRED_PARAMETERS) is set."""
     limits = engine_limits(engine_cfg)
     cfg = mc.ModelConfig(name=options.tensorrt_llm_model_name, backend="tensorrtllm",
                          max_batch_size=limits["max_batch_size"])
@@ -148,6 +149,10 @@ def tensorrt_llm_config(engine_dir: str | Path, engine_cfg: dict, options: Trtll
         "exclude_input_in_output": True,
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         "executor_worker_path": EXECUTOR_WORKER_PATH,
+        # Guided decoding off: the backend turns it on only when both of these are non-empty.
+        "tokenizer_dir": str(tokenizer_dir),
+        "xgrammar_tokenizer_info_path": "",
+        "guided_decoding_backend": "",
     }
     tokens = options.max_tokens_in_paged_kv_cache
     if tokens == "auto":
@@ -192,7 +197,8 @@ def model_configs_trtllm(profile: ServingProfile, options: TrtllmOptions | None 
         ("preprocessing", "preprocessing", tc.preprocessing_config(profile, limits)),
         (profile.llm_model_name, str(WRAPPER_SOURCE), llm_wrapper_config(profile, options, limits)),
         (options.tensorrt_llm_model_name, None,
-         tensorrt_llm_config(profile.engine_dir, engine_cfg, options, budget_tokens(profile.engine_dir))),
+         tensorrt_llm_config(profile.engine_dir, engine_cfg, options, budget_tokens(profile.engine_dir),
+                             profile.tokenizer_dir)),
         ("ensemble", None, tc.ensemble_config(profile)),
     ]
 

@@ -35,3 +35,16 @@ DEFAULT_TRTLLM_SRC = "/opt/tensorrtllm_backend/tensorrt_llm"
 #: The C++ backend's executor worker inside the image (tensorrt_llm model template, parameter
 #: ``executor_worker_path``).
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
+
+#: Model-config parameters the pinned C++ backend reads with ``GetParameter<std::string>`` and no fallback: a
+#: config without one of them does not load ("Cannot find parameter with name: X"), and with it the whole
+#: ensemble. Read from NVIDIA/TensorRT-LLM ``triton_backend/inflight_batcher_llm/src/model_instance_state.cc``
+#: (the backend the r26.07 image builds from release/1.2.1; the two stored 1.x versions and tensorrtllm_backend
+#: v0.19.0 read the same keys the same way; the exact 1.2.1 file could not be read here). Key → the function.
+BACKEND_REQUIRED_PARAMETERS = {
+    "gpt_model_type": "getBatchingTypeFromParams",
+    "gpt_model_path": "ModelInstanceState::ModelInstanceState (required while encoder_model_path is empty)",
+    "tokenizer_dir": "getGuidedDecodingConfigFromParams (only logged)",
+    "xgrammar_tokenizer_info_path": "getGuidedDecodingConfigFromParams",
+    "guided_decoding_backend": "getGuidedDecodingConfigFromParams",
+}
