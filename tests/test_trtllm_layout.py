@@ -71,7 +71,11 @@ def test_rendered_configs_parse_and_carry_limits(fixture):
     assert params["gpt_model_path"] == str(engine_dir)
     assert params["gpt_model_type"] == "inflight_fused_batching"
     assert params["kv_cache_free_gpu_mem_fraction"] == "0.8"
-    assert params["enable_kv_cache_reuse"] == "true" and params["enable_chunked_context"] == "true"
+    # Reuse and chunked prefill need paged context FMHA, which TensorRT-LLM's builder turns off with an int8 KV
+    # cache (builders/trtllm/rules.py): the config follows what the engine was built with.
+    paged = "true" if build["plugin_config"]["use_paged_context_fmha"] else "false"
+    assert params["enable_kv_cache_reuse"] == params["enable_chunked_context"] == paged
+    assert paged == ("false" if fixture == "llama2-7b-int8sq-kvint8" else "true")
     assert params["batch_scheduler_policy"] == "guaranteed_no_evict"
     assert params["exclude_input_in_output"] == "true"
     assert "max_tokens_in_paged_kv_cache" not in params  # "unset": only the fraction rules

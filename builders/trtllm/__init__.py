@@ -10,6 +10,7 @@ Public API::
     make_plan(checkpoint, output_dir, variant, gpu, **options) -> BuildPlan        (plan.py)
     plan_commands(plan) -> list[Command]; predict_engine_config(plan) -> dict      (plan.py)
     check_variant(variant, gpu, kv_cache_dtype=None)  raises UnsupportedOnGpu      (gpus.py)
+    BUILDER_RULES; refusals(...); plugin_flags(...)  TensorRT-LLM's builder rules    (rules.py)
     lookup_gpu(name) / detect_gpus() -> GpuSpec(s)                                  (gpus.py)
     compute_budget(shape, variant, gpu, ...) -> MemoryBudget; kv_bytes_per_token; weight_bytes  (memory.py)
     EngineManifest, check_engine(engine_dir, runtime=None), check_repository(repo, runtime=None)  (manifest.py)
@@ -28,7 +29,8 @@ _EXPORTS = {
     "weight_bytes": "memory", "ModelShape": "memory", "MemoryBudget": "memory", "EngineManifest": "manifest",
     "EngineMismatch": "manifest", "check_engine": "manifest", "check_repository": "manifest",
     "RuntimeInfo": "manifest", "model_configs_trtllm": "layout", "render_trtllm_repository": "layout",
-    "engine_main": "build", "TrtllmOptions": "options", "GpuProfile": "options",
+    "engine_main": "build", "TrtllmOptions": "options", "GpuProfile": "options", "BUILDER_RULES": "rules",
+    "refusals": "rules", "plugin_flags": "rules",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -15,7 +15,7 @@ import sys
 
 
 def _budget(argv):
-    from .gpus import lookup_gpu
+    from .gpus import UnsupportedOnGpu, lookup_gpu
     from .memory import ModelShape, compute_budget
     from .variants import VARIANTS
 
@@ -38,9 +38,14 @@ def _budget(argv):
     path = Path(a.checkpoint)
     config = path if path.suffix == ".json" else path / "config.json"
     shape = ModelShape.from_hf_config(json.loads(config.read_text()))
-    b = compute_budget(shape, a.variant, lookup_gpu(a.gpu), kv_cache_dtype=a.kv_cache_dtype, tp_size=a.tp_size,
-                       pp_size=a.pp_size, max_batch_size=a.max_batch_size, max_seq_len=a.max_seq_len,
-                       max_num_tokens=a.max_num_tokens, kv_cache_free_gpu_mem_fraction=a.kv_cache_free_gpu_mem_fraction)
+    try:
+        b = compute_budget(shape, a.variant, lookup_gpu(a.gpu), kv_cache_dtype=a.kv_cache_dtype, tp_size=a.tp_size,
+                           pp_size=a.pp_size, max_batch_size=a.max_batch_size, max_seq_len=a.max_seq_len,
+                           max_num_tokens=a.max_num_tokens,
+                           kv_cache_free_gpu_mem_fraction=a.kv_cache_free_gpu_mem_fraction)
+    except UnsupportedOnGpu as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(b.summary())
     if a.json:
         b.write(a.json)

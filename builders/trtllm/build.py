@@ -196,6 +196,12 @@ def run_build(plan: BuildPlan, profile: GpuProfile, args) -> Path:
         result = subprocess.run(list(cmd.argv), env=env, check=False)
         if result.returncode != 0:
             raise SystemExit(f"error: {cmd.name} failed with exit code {result.returncode}")
+    engine_cfg = json.loads((plan.engine_dir / "config.json").read_text())
+    built = {flag: engine_cfg["build_config"]["plugin_config"].get(flag) for flag in plan.plugin_flags}
+    if built != plan.plugin_flags:  # the one place a GPU run checks rules.py against the real builder
+        raise SystemExit(f"error: trtllm-build wrote {built} into {plan.engine_dir / 'config.json'}, the plan "
+                         f"expected {plan.plugin_flags}: TensorRT-LLM {TRTLLM_VERSION}'s builder rules differ from "
+                         "builders/trtllm/rules.py; fix the table before serving this engine")
     tok = plan.output_dir / "tokenizer"
     tok.mkdir(exist_ok=True)
     for name in TOKENIZER_FILES:
@@ -205,7 +211,6 @@ def run_build(plan: BuildPlan, profile: GpuProfile, args) -> Path:
                                     commands=[c.shell() for c in commands],
                                     checkpoint_sha256=hash_checkpoint(plan.checkpoint))
     manifest.write(plan.engine_dir)
-    engine_cfg = json.loads((plan.engine_dir / "config.json").read_text())
     repo = plan.output_dir / "model_repository"
     render_for(plan, profile, args.server_root, budget.max_tokens_in_paged_kv_cache, engine_cfg, repo)
     print(f"\nengine: {plan.engine_dir}\nmanifest: {plan.engine_dir / 'manifest.json'}\nrepository: {repo}")

@@ -19,9 +19,19 @@ import json
 import sysconfig
 from pathlib import Path
 
-#: The substrings quantize.py special-cases in a dataset *name*; a local path containing one would be
-#: sent down the hub-dataset branch instead of the local-directory one.
-_RESERVED = ("cnn_dailymail", "pileval", "scienceqa", "science_qa")
+
+def hub_branch(dataset_name_or_dir: str) -> str | None:
+    """The dataset ``get_calib_dataloader`` takes this ``--calib_dataset`` for instead of a local text directory,
+    or None. Its branches in order: exactly "pileval" (the hub's Pile); "scienceqa" / "science_qa" anywhere,
+    any case (ScienceQA, multimodal); "cnn_dailymail" anywhere, this case (loaded with name="3.0.0" and its
+    "article" column); only then ``os.path.isdir`` (our ``text`` column)."""
+    if dataset_name_or_dir == "pileval":
+        return "pileval"
+    if any(word in dataset_name_or_dir.lower() for word in ("scienceqa", "science_qa")):
+        return "ScienceQA"
+    if "cnn_dailymail" in dataset_name_or_dir:
+        return "cnn_dailymail"
+    return None
 
 
 def stdlib_sources(root: str | Path | None = None) -> list[Path]:
@@ -53,9 +63,10 @@ def write_calibration_set(out_dir: str | Path, n_samples: int = 512, chars_per_s
                           root: str | Path | None = None) -> Path:
     """Write ``out_dir/train.jsonl`` (and ``out_dir.with_suffix('.json')`` with provenance); return out_dir."""
     out_dir = Path(out_dir)
-    if any(word in str(out_dir).lower() for word in _RESERVED):
-        raise ValueError(f"calibration directory {out_dir} contains one of {_RESERVED}: quantize.py would treat "
-                         "it as a hub dataset name; choose another path")
+    taken_for = hub_branch(str(out_dir))  # the same string the plan passes as --calib_dataset
+    if taken_for:
+        raise ValueError(f"calibration directory {out_dir}: quantize.py's get_calib_dataloader would take it for "
+                         f"the hub dataset name {taken_for}, not a local text directory; choose another path")
     files = stdlib_sources(root)
     samples = _samples(files, chars_per_sample)
     if len(samples) < n_samples:

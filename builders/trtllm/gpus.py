@@ -1,9 +1,8 @@
 """GPUs: a table of the common data-center parts, detection through ``nvidia-smi``, and the
 compute-capability gate that runs before any build work.
 
-Compute capabilities: NVIDIA's CUDA GPU list. Precision support per architecture: TensorRT-LLM support
-matrix (Hopper / Ada: FP16, BF16, FP8, INT8, INT4; Ampere SM80/SM86: FP16, BF16, INT8, INT4; nothing older
-is supported by TensorRT-LLM even where the container itself runs).
+Compute capabilities: NVIDIA's CUDA GPU list. What each compute capability takes (support matrix, and the
+builder's own refusals such as INT8/INT4 and SmoothQuant on SM 10.x): ``rules.BUILDER_RULES``.
 """
 
 from __future__ import annotations
@@ -12,6 +11,9 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+
+from .rules import BuilderRule, plugin_flags, refusals
+from .variants import KV_CACHE_QUANT_ALGO, VARIANTS
 
 GIB = 1024**3
 
@@ -111,38 +113,55 @@ class UnsupportedOnGpu(ValueError):
     """The requested variant / option cannot run on this GPU; the message says what to use instead."""
 
 
-def supported_variants(gpu: GpuSpec) -> list[str]:
-    from .variants import VARIANTS
+def _refusals(variant: str, kv_cache_dtype: str | None, gpu: GpuSpec) -> list[BuilderRule]:
+    return refusals(VARIANTS[variant].quant_algo, KV_CACHE_QUANT_ALGO[kv_cache_dtype], gpu.compute_capability)
 
-    return [name for name, v in VARIANTS.items() if gpu.compute_capability >= v.min_cc]
+
+def usable(variant: str, kv_cache_dtype: str | None, gpu: GpuSpec) -> bool:
+    """The builder takes this whole: nothing refused, and paged context FMHA (KV-cache reuse, chunked context)
+    kept. Only such combinations are ever advised."""
+    flags, _ = plugin_flags(VARIANTS[variant].quant_algo, KV_CACHE_QUANT_ALGO[kv_cache_dtype], gpu.compute_capability)
+    return not _refusals(variant, kv_cache_dtype, gpu) and flags["use_paged_context_fmha"]
+
+
+def supported_variants(gpu: GpuSpec) -> list[str]:
+    return [name for name in VARIANTS if not _refusals(name, None, gpu)]
+
+
+def _cc(cc: tuple[int, int] | None) -> str:
+    return f"{cc[0]}.{cc[1]}" if cc else "∞"
+
+
+def _reason(rule: BuilderRule, variant: str, kv_cache_dtype: str | None) -> str:
+    what = VARIANTS[variant].label if rule.refuses == "weights" else f"an {str(kv_cache_dtype).upper()} KV cache"
+    if rule.cc_from == (0, 0):
+        return f"{what} needs compute capability ≥ {_cc(rule.cc_below)}"
+    return f"{what} is not supported on compute capability {_cc(rule.cc_from)} up to {_cc(rule.cc_below)} (exclusive)"
 
 
 def check_variant(variant: str, gpu: GpuSpec, kv_cache_dtype: str | None = None) -> None:
-    """Refuse a variant / KV-cache dtype this GPU cannot run, before any work is done."""
-    from .variants import KV_CACHE_MIN_CC, VARIANTS
-
-    v = VARIANTS[variant]
-    if gpu.compute_capability < (8, 0):
+    """Refuse, before any work is done, what TensorRT-LLM refuses on this GPU (rules.BUILDER_RULES)."""
+    found = _refusals(variant, kv_cache_dtype, gpu)
+    if not found:
+        return
+    if found[0].refuses == "gpu":
         raise UnsupportedOnGpu(
-            f"{gpu.describe()}: TensorRT-LLM {_trtllm()} supports compute capability ≥ 8.0 (Ampere, Ada, "
-            "Hopper, Blackwell) only. Use an A10/A100/L4/L40S/H100-class GPU, or serve on CPU "
+            f"{gpu.describe()}: TensorRT-LLM {_trtllm()} supports compute capability ≥ {_cc(found[0].cc_below)} "
+            "(Ampere, Ada, Hopper, Blackwell) only. Use an A10/A100/L4/L40S/H100-class GPU, or serve on CPU "
             "(Dockerfile.cpu)."
         )
-    if gpu.compute_capability < v.min_cc:
-        alternatives = [n for n in supported_variants(gpu) if n not in ("fp16", "bf16")]
-        hint = f"use {' or '.join(alternatives)}" if alternatives else "use fp16 or bf16"
-        raise UnsupportedOnGpu(
-            f"{v.label} needs compute capability ≥ {v.min_cc[0]}.{v.min_cc[1]}; this GPU is {gpu.cc} "
-            f"({gpu.short_name}): {hint}"
-        )
-    if kv_cache_dtype is not None:
-        need = KV_CACHE_MIN_CC[kv_cache_dtype]
-        if gpu.compute_capability < need:
-            raise UnsupportedOnGpu(
-                f"an {kv_cache_dtype.upper()} KV cache needs compute capability ≥ {need[0]}.{need[1]}; this GPU "
-                f"is {gpu.cc} ({gpu.short_name}): use --kv-cache-dtype int8 (with int8_sq) or leave the KV "
-                "cache in the model dtype"
-            )
+    reasons = [_reason(r, variant, kv_cache_dtype) for r in found]
+    hints = []
+    if any(r.refuses == "weights" for r in found):
+        names = [n for n in VARIANTS if VARIANTS[n].quant_algo and usable(n, None, gpu)] or ["fp16", "bf16"]
+        hints.append(f"use {' or '.join(names)}")
+    if any(r.refuses == "kv_cache" for r in found):
+        # Never int8 unless the builder keeps paged context FMHA with it (it does not): usable() decides.
+        kvs = [f"--kv-cache-dtype {k}" for k in ("fp8", "int8") if k != kv_cache_dtype and usable(variant, k, gpu)]
+        hints.append(" or ".join([*kvs, "leave the KV cache in the model dtype (no --kv-cache-dtype)"]))
+    said = "; ".join(dict.fromkeys(f'"{r.says}" ({r.source})' for r in found))
+    raise UnsupportedOnGpu(f"{'; '.join(reasons)}; this GPU is {gpu.cc} ({gpu.short_name}): {'; '.join(hints)}. "
+                           f"TensorRT-LLM: {said}")
 
 
 def _trtllm() -> str:

@@ -30,6 +30,7 @@ from .. import triton_config as tc
 from ..profile import PROJECT_ROOT, ServingProfile
 from .options import TrtllmOptions
 from .pins import EXECUTOR_WORKER_PATH
+from .rules import NEEDS_PAGED_CONTEXT_FMHA
 
 #: Same as builders.repository.MODEL_SOURCES (not imported: that module pulls in the CPU engine and torch).
 MODEL_SOURCES = PROJECT_ROOT / "model_repository"
@@ -88,6 +89,16 @@ def engine_limits(engine_cfg: dict) -> dict:
     return {k: build[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")}
 
 
+def paged_context_fmha(engine_cfg: dict) -> bool:
+    """Whether the engine was built with paged context FMHA (what the runtime reads; the builder may have turned
+    it off whatever trtllm-build was told, see rules.py)."""
+    plugin = engine_cfg["build_config"].get("plugin_config") or {}
+    if "use_paged_context_fmha" not in plugin:
+        raise ValueError("engine config.json has no build_config.plugin_config.use_paged_context_fmha: not a "
+                         "TensorRT-LLM engine config")
+    return bool(plugin["use_paged_context_fmha"])
+
+
 def world_size(engine_cfg: dict) -> int:
     m = engine_cfg["pretrained_config"].get("mapping") or {}
     return int(m.get("world_size") or m.get("tp_size", 1) * m.get("pp_size", 1))
@@ -117,7 +128,8 @@ def _param(cfg: mc.ModelConfig, key: str, value) -> None:
 def tensorrt_llm_config(engine_dir: str | Path, engine_cfg: dict, options: TrtllmOptions,
                         kv_tokens: int | None = None, tokenizer_dir: str | Path = "") -> mc.ModelConfig:
     """The C++ backend model, configured from the engine's own limits and the runtime options. Every parameter
-    the backend cannot do without (pins.BACKEND_REQUIRED_PARAMETERS) is set."""
+    the backend cannot do without (pins.BACKEND_REQUIRED_PARAMETERS) is set; KV-cache reuse and chunked context
+    are false for an engine without paged context FMHA, because the runtime would switch them off anyway."""
     limits = engine_limits(engine_cfg)
     cfg = mc.ModelConfig(name=options.tensorrt_llm_model_name, backend="tensorrtllm",
                          max_batch_size=limits["max_batch_size"])
@@ -144,8 +156,6 @@ def tensorrt_llm_config(engine_dir: str | Path, engine_cfg: dict, options: Trtll
         "max_beam_width": 1,
         "batch_scheduler_policy": options.batch_scheduler_policy,
         "kv_cache_free_gpu_mem_fraction": options.kv_cache_free_gpu_mem_fraction,
-        "enable_kv_cache_reuse": options.enable_kv_cache_reuse,
-        "enable_chunked_context": options.enable_chunked_context,
         "exclude_input_in_output": True,
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         "executor_worker_path": EXECUTOR_WORKER_PATH,
@@ -154,6 +164,8 @@ def tensorrt_llm_config(engine_dir: str | Path, engine_cfg: dict, options: Trtll
         "xgrammar_tokenizer_info_path": "",
         "guided_decoding_backend": "",
     }
+    paged = paged_context_fmha(engine_cfg)
+    params.update({key: getattr(options, key) and paged for key in NEEDS_PAGED_CONTEXT_FMHA})
     tokens = options.max_tokens_in_paged_kv_cache
     if tokens == "auto":
         tokens = kv_tokens

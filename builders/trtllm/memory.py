@@ -11,6 +11,9 @@ before any GPU work, printed, written as JSON beside the engine, and used to fil
 - Run time: TensorRT-LLM sizes the paged KV cache as ``kv_cache_free_gpu_mem_fraction`` × the memory left
   after the engine (weights + activation buffers) is loaded. The activation estimate here is an estimate,
   labelled as such in the JSON; the KV figure is exact arithmetic.
+
+A budget is only made for what the builder takes (``gpus.check_variant``), and its notes say when the builder's
+rules (``rules.py``) leave the engine without paged context FMHA, and so without KV-cache reuse.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .gpus import GIB, GpuSpec
-from .variants import VARIANTS, Variant, kv_bytes_per_element
+from .gpus import GIB, GpuSpec, check_variant
+from .rules import flag_notes, plugin_flags
+from .variants import KV_CACHE_QUANT_ALGO, VARIANTS, Variant, kv_bytes_per_element
 
 #: CUDA context, cuBLAS/NCCL workspaces and TensorRT runtime, per GPU (estimate).
 RUNTIME_OVERHEAD_BYTES = int(1.5 * GIB)
@@ -188,6 +192,7 @@ def compute_budget(shape: ModelShape, variant: str, gpu: GpuSpec, *, kv_cache_dt
                    tp_size: int = 1, pp_size: int = 1, max_batch_size: int = 64, max_seq_len: int = 4096,
                    max_num_tokens: int = 8192, kv_cache_free_gpu_mem_fraction: float = 0.9,
                    tokens_per_block: int = 32) -> MemoryBudget:
+    check_variant(variant, gpu, kv_cache_dtype)
     v = VARIANTS[variant]
     world = tp_size * pp_size
     w_total = weight_bytes(shape, v)
@@ -195,7 +200,7 @@ def compute_budget(shape: ModelShape, variant: str, gpu: GpuSpec, *, kv_cache_dt
     kv_tok = kv_bytes_per_token(shape, kv_bytes_per_element(v, kv_cache_dtype), tp_size, pp_size)
     act = activation_bytes(shape, max_num_tokens, max_batch_size, tp_size)
     free = gpu.memory_bytes - w_gpu - act - RUNTIME_OVERHEAD_BYTES
-    notes = []
+    notes = flag_notes(*plugin_flags(v.quant_algo, KV_CACHE_QUANT_ALGO[kv_cache_dtype], gpu.compute_capability))
     fits = free > 0
     kv_bytes = max(0, int(free * kv_cache_free_gpu_mem_fraction))
     kv_tokens = kv_bytes // kv_tok // tokens_per_block * tokens_per_block

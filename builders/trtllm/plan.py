@@ -13,7 +13,9 @@ Flags (TensorRT-LLM 1.2 sources, see docs/gpu.md):
 - ``trtllm-build --checkpoint_dir --output_dir --max_batch_size --max_input_len --max_seq_len --max_num_tokens
   --max_beam_width --gemm_plugin --gpt_attention_plugin --use_paged_context_fmha --use_fp8_context_fmha
   --multiple_profiles --kv_cache_type paged --remove_input_padding --context_fmha --tokens_per_block
-  --workers``; boolean plugin flags take ``enable``/``disable``.
+  --workers``; boolean plugin flags take ``enable``/``disable``. The two context-FMHA flags are passed as
+  TensorRT-LLM's builder will set them anyway (``rules.plugin_flags``), so the command, the predicted
+  ``config.json`` and the engine agree.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from pathlib import Path
 from .gpus import GpuSpec, check_variant
 from .memory import MemoryBudget, ModelShape, compute_budget
 from .pins import CONVERT_SCRIPT, DEFAULT_TRTLLM_SRC, QUANTIZE_SCRIPT, TRITON_IMAGE, TRTLLM_VERSION
-from .variants import FP8_CONTEXT_FMHA_MIN_CC, KV_CACHE_QUANT_ALGO, VARIANTS
+from . import rules
+from .variants import KV_CACHE_QUANT_ALGO, VARIANTS
 
 #: Offline: calibration reads a local directory, and nothing may reach a model hub.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -124,9 +127,9 @@ class BuildPlan:
         return "disable" if self.variant == "fp8" else self.activation_dtype
 
     @property
-    def use_fp8_context_fmha(self) -> bool:
-        fp8 = self.variant == "fp8" or self.kv_cache_dtype == "fp8"
-        return fp8 and self.gpu.compute_capability >= FP8_CONTEXT_FMHA_MIN_CC
+    def plugin_flags(self) -> dict[rules.Flag, bool]:
+        """use_paged_context_fmha / use_fp8_context_fmha as TensorRT-LLM's builder sets them for this build."""
+        return rules.plugin_flags(self.quant_algo, self.kv_cache_quant_algo, self.gpu.compute_capability)[0]
 
     def budget(self) -> MemoryBudget:
         return compute_budget(self.shape, self.variant, self.gpu, kv_cache_dtype=self.kv_cache_dtype,
@@ -175,8 +178,14 @@ def make_plan(checkpoint: str | Path, output_dir: str | Path, variant: str, gpu:
         raise ValueError("kv_cache_free_gpu_mem_fraction must be in (0, 1]")
     if variant == "bf16" and kwargs.get("dtype") not in (None, "bfloat16"):
         raise ValueError("the bf16 variant is bfloat16 by definition")
-    return BuildPlan(checkpoint=checkpoint, output_dir=output_dir, variant=variant, gpu=gpu, shape=shape,
-                     **kwargs)
+    plan = BuildPlan(checkpoint=checkpoint, output_dir=output_dir, variant=variant, gpu=gpu, shape=shape, **kwargs)
+    if not plan.plugin_flags["use_paged_context_fmha"] and limits.max_input_len > limits.max_num_tokens:
+        # Without paged context FMHA there is no chunked context, and the runtime caps prompts at max_num_tokens.
+        raise ValueError(f"TensorRT-LLM builds {variant} with --kv-cache-dtype {kv} without paged context FMHA, so "
+                         f"it runs without chunked context and takes prompts of at most max_num_tokens "
+                         f"({limits.max_num_tokens}) tokens, but max_input_len is {limits.max_input_len}: pass "
+                         f"--max-input-len {limits.max_num_tokens} or --max-num-tokens {limits.max_input_len}")
+    return plan
 
 
 def plan_commands(plan: BuildPlan) -> list[Command]:
@@ -208,8 +217,8 @@ def plan_commands(plan: BuildPlan) -> list[Command]:
              "--gemm_plugin", plan.gemm_plugin, "--gpt_attention_plugin", "auto",
              "--kv_cache_type", "paged", "--tokens_per_block", str(plan.tokens_per_block),
              "--remove_input_padding", "enable", "--context_fmha", "enable",
-             "--use_paged_context_fmha", "enable",  # needed for KV-cache reuse and chunked context
-             "--use_fp8_context_fmha", en(plan.use_fp8_context_fmha),
+             "--use_paged_context_fmha", en(plan.plugin_flags["use_paged_context_fmha"]),
+             "--use_fp8_context_fmha", en(plan.plugin_flags["use_fp8_context_fmha"]),
              "--multiple_profiles", en(plan.multiple_profiles),
              "--workers", str(min(plan.workers, plan.world_size))]
     commands.append(Command("trtllm-build", tuple(build), dict(OFFLINE_ENV)))
@@ -263,8 +272,7 @@ def predict_engine_config(plan: BuildPlan) -> dict:
                 "paged_kv_cache": True,
                 "remove_input_padding": True,
                 "tokens_per_block": plan.tokens_per_block,
-                "use_paged_context_fmha": True,
-                "use_fp8_context_fmha": plan.use_fp8_context_fmha,
+                **plan.plugin_flags,
                 "multiple_profiles": plan.multiple_profiles,
             },
         },
