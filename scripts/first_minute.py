@@ -42,14 +42,6 @@ class Outcome:
         return self.exit_code == 0 and all(s == w and w for s, w in self.pairs.values())
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _ready(http: str) -> bool:
     try:
         with urllib.request.urlopen(f"{http}/v2/health/ready", timeout=2) as r:
@@ -99,7 +91,13 @@ def _launcher(make: subprocess.Popen, timeout: float = 10):
 
 def run(make_args: list[str], log: Path, env: dict[str, str] | None = None, ready_timeout: float = 1200) -> Outcome:
     env = dict(os.environ if env is None else env)
-    ports = {name: str(_free_port()) for name in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT")}
+    from serving.launcher import PORT_ENV, free_port
+
+    ports: dict[str, str] = {}
+    for name in PORT_ENV.values():  # three distinct free ports, as the launcher picks them for port 0
+        while (port := str(free_port())) in ports.values():
+            pass
+        ports[name] = port
     env.update(ports)
     http, grpc = f"http://localhost:{ports['HTTP_PORT']}", f"localhost:{ports['GRPC_PORT']}"
     started = time.monotonic()

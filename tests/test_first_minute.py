@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.stack import stack_profile
+from tests.triton_helpers import SHELLS, shell_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import first_minute  # noqa: E402
@@ -33,22 +34,10 @@ def make_args(engine_dir, tiny_checkpoint, tmp_path_factory) -> list[str]:
 def _shell(kind: str, tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("VIRTUAL_ENV", None)
-    venv_bin = Path(sys.executable).parent
-    if kind == "venv-activated":  # what `source .venv/bin/activate` does
-        env.update(PATH=f"{venv_bin}{os.pathsep}{env['PATH']}", VIRTUAL_ENV=str(venv_bin.parent))
-    elif kind == "other-python-first":
-        other = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3")
-                      if Path(p).exists() and not os.path.samefile(p, sys.executable)), None)
-        if other is None:
-            pytest.skip("no second Python on this machine")
-        (tmp_path / "bin").mkdir()
-        (tmp_path / "bin" / "python3").symlink_to(other)
-        (tmp_path / "bin" / "python").symlink_to(other)
-        env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
-    return env
+    return {**env, **shell_env(kind, tmp_path)}
 
 
-@pytest.mark.parametrize("kind", ["plain", "venv-activated", "other-python-first"])
+@pytest.mark.parametrize("kind", SHELLS)
 def test_make_serve_then_the_first_request(make_args, tmp_path, kind):
     outcome = first_minute.run(make_args, tmp_path / "make-serve.log", env=_shell(kind, tmp_path), ready_timeout=300)
     log = (tmp_path / "make-serve.log").read_text("utf-8", "replace")

@@ -22,6 +22,7 @@ from serving.launcher import EXIT_TIMEOUT_AFTER_DRAIN_SECS, ServerConfig, Triton
 from serving.server_log import FOREIGN_PYTHON_HINT, diagnose
 from serving.triton_install import (PROJECT_ROOT, ServerStartError, TritonInstall, check_project_importable,
                                     find_tritonserver, server_env)
+from tests.triton_helpers import SHELLS, other_python, shell_env
 
 CONFIG = """\
 name: "{name}"
@@ -248,21 +249,6 @@ def test_cli_explains_a_failed_start(install, good_repo, tmp_path):
 STDLIB_C_MODULES = "import ssl, sqlite3, ctypes, hashlib, lzma, _ssl"
 
 
-def _activated(venv_bin: Path) -> dict[str, str]:
-    """What `source .venv/bin/activate` does to the environment."""
-    return {"PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": str(venv_bin.parent)}
-
-
-def _other_python_bin(tmp_path: Path) -> Path:
-    """A folder whose python3 is another interpreter than this one (Debian's, when the venv is pyenv's)."""
-    for exe in ("/usr/bin/python3", "/usr/local/bin/python3"):
-        if Path(exe).exists() and not os.path.samefile(exe, sys.executable):
-            (tmp_path / "other-bin").mkdir()
-            (tmp_path / "other-bin" / "python3").symlink_to(exe)
-            return tmp_path / "other-bin"
-    pytest.skip("no second Python on this machine")
-
-
 def test_stub_environment_names_this_interpreter_first(monkeypatch, tmp_path):
     env = stub_python.stub_environment({"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": "/x", "PYTHONHOME": "/usr",
                                         "PYTHONPATH": "/somewhere"})
@@ -294,9 +280,8 @@ def test_project_must_be_importable_from_the_environment(tmp_path):
     check_project_importable(server_env(TritonInstall(Path("/bin/tritonserver"), Path("/be"))))
     env = server_env(TritonInstall(Path("/bin/tritonserver"), Path("/be")))
     # Another Python, which has no editable install of this checkout: refused with the fix.
-    other = subprocess.run(["/usr/bin/env", "python3", "-c", "import sys; print(sys.executable)"],
-                           env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE, text=True).stdout.strip()
-    if not other or os.path.samefile(other, sys.executable):
+    other = other_python()
+    if other is None:
         pytest.skip("no second Python on this machine")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("serving.triton_install.sys.executable", other)
@@ -304,16 +289,13 @@ def test_project_must_be_importable_from_the_environment(tmp_path):
             check_project_importable(env)
 
 
-@pytest.mark.parametrize("shell", ["plain", "venv-activated", "other-python-first"])
+@pytest.mark.parametrize("shell", SHELLS)
 def test_stub_runs_the_launchers_python_in_any_shell(install, tmp_path, monkeypatch, shell):
     """The model imports the C modules whose ABI moved between 3.11 patch releases (B6: `import ssl` died
     with an activated venv) and reports the interpreter it runs, which must be the launcher's."""
-    venv_bin = Path(sys.executable).parent
-    if shell == "venv-activated":
-        for key, value in _activated(venv_bin).items():
-            monkeypatch.setenv(key, value)
-    elif shell == "other-python-first":
-        monkeypatch.setenv("PATH", f"{_other_python_bin(tmp_path)}{os.pathsep}{os.environ['PATH']}")
+    for key, value in shell_env(shell, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    if shell == "other-python-first":
         monkeypatch.setenv("PYTHONHOME", "/usr")  # ignored by the isolated stub: must not matter either
     repo = tmp_path / "repo"
     write_model(repo, "stdlib", init=f"{STDLIB_C_MODULES}; from serving.stub_python import check_stub; "

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import queue
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
@@ -72,3 +76,31 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition", every: f
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(every)
+
+
+# ---- the shells a newcomer starts from (serving/stub_python.py makes them all work) ----------------------------
+
+SHELLS = ("plain", "venv-activated", "other-python-first")
+
+
+def other_python() -> str | None:
+    """Another interpreter than this one (Debian's, when the venv is pyenv's), or None."""
+    return next((exe for exe in ("/usr/bin/python3", "/usr/local/bin/python3")
+                 if Path(exe).exists() and not os.path.samefile(exe, sys.executable)), None)
+
+
+def shell_env(kind: str, tmp_path: Path) -> dict[str, str]:
+    """The environment variables that shell ``kind`` (one of SHELLS) sets over the current ones: what
+    `source .venv/bin/activate` does, or another Python's python3 first on PATH (skips without one)."""
+    if kind == "plain":
+        return {}
+    if kind == "venv-activated":
+        venv_bin = Path(sys.executable).parent
+        return {"PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": str(venv_bin.parent)}
+    other = other_python()
+    if other is None:
+        pytest.skip("no second Python on this machine")
+    (tmp_path / "other-bin").mkdir()
+    for name in ("python3", "python"):
+        (tmp_path / "other-bin" / name).symlink_to(other)
+    return {"PATH": f"{tmp_path / 'other-bin'}{os.pathsep}{os.environ['PATH']}"}
