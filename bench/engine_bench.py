@@ -5,7 +5,7 @@
     python -m bench.engine_bench --quick    # ~2 min: default model, fp32 + int8_wo, 32 tokens, 1 and 16 streams;
                                             # writes build/bench/report/engine.md (never the docs/ report)
 
-Models: the default model (build/models/default, 5M params, trained) and a ~100M-param Llama with random
+Models: the default model (build/models/smollm2, 5M params, trained) and a ~100M-param Llama with random
 weights (speed does not depend on the values; greedy agreement checks do not need a trained model either).
 Every request is greedy, with ``min_tokens = max_tokens`` (end-of-sequence masked) so every peer produces
 exactly ``--new-tokens`` tokens per request.
@@ -335,19 +335,21 @@ def count_params(checkpoint: Path) -> int:
 
 
 def prepare_model(name: str, opts: Options) -> BenchModel:
-    from builders.default_model import ModelSpec, build_random_model, is_complete_checkpoint, read_build_info
+    from builders.tiny_model import ModelSpec, build_random_model
 
     if name == "default":
-        ckpt = PROJECT_ROOT / "build" / "models" / "default"
-        if not is_complete_checkpoint(ckpt):
-            raise SystemExit(f"{ckpt} is missing: build it first (make model, ~4 min)")
+        ckpt = PROJECT_ROOT / "build" / "models" / "smollm2"
+        if not (ckpt / "provenance.json").is_file():
+            raise SystemExit(f"{ckpt} is missing: build it first (make model, ~1 min)")
         model = BenchModel(name, ckpt, random_weights=False, params=0)
     else:
         ckpt = opts.work_dir / "models" / name
         spec = ModelSpec(**LLAMA_100M)
-        info = read_build_info(ckpt)
-        if not (is_complete_checkpoint(ckpt) and info and info.get("spec") == spec.to_dict()
-                and info.get("seed") == 0):
+        try:
+            info = json.loads((ckpt / "build_info.json").read_text())
+        except (OSError, ValueError):
+            info = None
+        if not (info and info.get("spec") == spec.to_dict() and info.get("seed") == 0):
             say(f"building {name}: random weights, {spec}")
             build_random_model(ckpt, spec=spec, seed=0)
         model = BenchModel(name, ckpt, random_weights=True, params=0)

@@ -12,7 +12,7 @@ to what our checkpoints need (no torch required: safetensors are read as numpy):
   multiple of 32, quantised by ``gguf.quants``; the benchmark quantises with llama.cpp's own
   ``llama_model_quantize`` instead, see ``bench/llama_cpp_peer.py``).
 
-    python -m bench.gguf_export build/models/default build/bench/gguf/default-f32.gguf --type f32
+    python -m bench.gguf_export build/models/smollm2 build/bench/gguf/smollm2-f32.gguf --type f32
 """
 
 from __future__ import annotations

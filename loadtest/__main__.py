@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--request-count", type=int, help="fixed requests per level instead of time windows")
         p.add_argument("--num-prompts", type=int, help="override the number of distinct prompts")
         p.add_argument("--no-stream", action="store_true", help="send stream=false (one response per request)")
-        p.add_argument("--tokenizer", help="local tokenizer directory (default: build/models/default)")
+        p.add_argument("--tokenizer", help="local tokenizer directory (default: build/models/smollm2)")
 
     p = sub.add_parser("commands", help="print the perf_analyzer / genai-perf command lines of a profile")
     profile_args(p)
@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--mix", action="store_true", help="mixed prompts: 3 short (32->24) for each long (256->64)")
     p.add_argument("--no-stream", action="store_true")
-    p.add_argument("--tokenizer", help="local tokenizer directory (default: build/models/default)")
+    p.add_argument("--tokenizer", help="local tokenizer directory (default: build/models/smollm2)")
     p.add_argument("--ttft-p99-ms", type=float, help="SLO: fail (exit 1) above this P99 TTFT")
     p.add_argument("--tpot-p99-ms", type=float, help="SLO: fail (exit 1) above this P99 TPOT")
     p.add_argument("--out", help="results folder (default: loadtest/results/<timestamp>-locust)")

@@ -57,7 +57,7 @@ def _options(parser) -> None:
     g.add_argument("--max-tokens", type=int, default=32)
     g.add_argument("--mix", action="store_true", help="3 short (32->24) : 1 long (256->64) prompts")
     g.add_argument("--no-stream", action="store_true")
-    g.add_argument("--tokenizer", default=os.environ.get("LOADTEST_TOKENIZER", "build/models/default"))
+    g.add_argument("--tokenizer", default=os.environ.get("LOADTEST_TOKENIZER", "build/models/smollm2"))
     g.add_argument("--max-requests", type=int, default=0, help="stop the run after this many requests")
     g.add_argument("--shape", choices=["constant", "step"], default="constant")
     g.add_argument("--shape-users", type=int, default=4, help="users (constant) / ceiling (step)")

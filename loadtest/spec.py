@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parent
 PROFILES_DIR = PACKAGE_DIR / "profiles"
-DEFAULT_TOKENIZER = PROJECT_ROOT / "build" / "models" / "default"
+DEFAULT_TOKENIZER = PROJECT_ROOT / "build" / "models" / "smollm2"
 
 
 class _Strict(BaseModel):

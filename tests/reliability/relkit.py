@@ -37,7 +37,7 @@ from tests.triton_helpers import wait_for  # noqa: E402 (the reliability tests c
 def build_tiny_stack(workdir: Path, limits: dict | None = None, seed: int = 0) -> tuple[Path, Path]:
     """(checkpoint, engine) of the tiny random Llama the test suite uses; cached in ``workdir``."""
     from builders.cpu_build import BuildLimits, build_cpu_engine
-    from builders.default_model import build_random_model
+    from builders.tiny_model import build_random_model
 
     workdir = Path(workdir)
     checkpoint = workdir / "tiny"
