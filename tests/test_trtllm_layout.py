@@ -19,10 +19,10 @@ from builders.trtllm.layout import (
     engine_limits,
     model_configs_trtllm,
     render_trtllm_repository,
-    server_command,
 )
 from builders.trtllm.options import GpuProfile, TrtllmOptions
 from builders.trtllm.pins import BACKEND_REQUIRED_PARAMETERS
+from builders.trtllm.serve import server_command
 
 ENGINES = Path(__file__).parent / "fixtures" / "trtllm" / "engines"
 FIXTURES = sorted(p.name for p in ENGINES.iterdir())

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from .gpus import UnsupportedOnGpu, detect_gpus, lookup_gpu
 from .options import GpuProfile
-from .pins import CONVERT_SCRIPT, DEFAULT_TRTLLM_SRC, QUANTIZE_SCRIPT, TRITON_IMAGE, TRTLLM_VERSION
+from .pins import (CONVERT_SCRIPT, DEFAULT_TRTLLM_SRC, IMAGE_TRTLLM_SRC_ROOTS, QUANTIZE_SCRIPT, TRITON_IMAGE,
+                   TRTLLM_VERSION)
 from .plan import BuildLimits, BuildPlan, make_plan, plan_commands, predict_engine_config
 from .variants import VARIANTS
 
@@ -54,9 +55,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--calib-max-seq-length", type=int, default=512)
     p.add_argument("--kv-cache-free-gpu-mem-fraction", type=float, default=None)
     p.add_argument("--no-multiple-profiles", action="store_true")
-    p.add_argument("--trtllm-src", default=os.environ.get("TRTLLM_SRC", DEFAULT_TRTLLM_SRC),
-                   help="TensorRT-LLM source tree with the example scripts (tensorrtllm_backend r26.07's "
-                   "tensorrt_llm submodule)")
+    p.add_argument("--trtllm-src", default=os.environ.get("TRTLLM_SRC"),
+                   help="TensorRT-LLM source tree with examples/ (convert_checkpoint.py, quantize.py); default: "
+                   f"the one the image ships for its wheel ({', '.join(IMAGE_TRTLLM_SRC_ROOTS)}), "
+                   f"else {DEFAULT_TRTLLM_SRC}")
     p.add_argument("--python", default="python3", help="interpreter that has TensorRT-LLM (the image's)")
     p.add_argument("--server-root", default=None,
                    help="where the server will see --output (default: the same path), e.g. /engines/llama")
@@ -65,6 +67,21 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help=f"build with an installed TensorRT-LLM other than the pinned {TRTLLM_VERSION}")
     p.add_argument("--dry-run", action="store_true", help="print the plan, commands and repository; run nothing")
     return p
+
+
+def find_trtllm_src(explicit: str | Path | None = None, roots=(*IMAGE_TRTLLM_SRC_ROOTS, DEFAULT_TRTLLM_SRC)) -> Path:
+    """The TensorRT-LLM source tree whose example scripts the build runs.
+
+    An explicit ``--trtllm-src`` / ``TRTLLM_SRC`` wins. Otherwise the first of ``roots`` that has both scripts:
+    the image's own ``examples`` (release/1.2.1, the wheel's version) before the fork scripts a
+    ``TRTLLM_EXAMPLES=download`` image build fetched; with none (a plan on a machine without the image) the first
+    root, so ``--dry-run`` shows the paths the image would use."""
+    if explicit:
+        return Path(explicit)
+    for root in map(Path, roots):
+        if (root / CONVERT_SCRIPT).is_file() and (root / QUANTIZE_SCRIPT).is_file():
+            return root
+    return Path(roots[0])
 
 
 def _resolve_gpu(args):
@@ -95,7 +112,7 @@ def plan_from_args(args) -> tuple[BuildPlan, GpuProfile]:
                      calib_max_seq_length=args.calib_max_seq_length,
                      multiple_profiles=b.multiple_profiles and not args.no_multiple_profiles,
                      tokens_per_block=b.tokens_per_block, kv_cache_free_gpu_mem_fraction=fraction,
-                     trtllm_src=Path(args.trtllm_src), python=args.python)
+                     trtllm_src=find_trtllm_src(args.trtllm_src), python=args.python)
     return plan, profile
 
 
@@ -167,7 +184,8 @@ def _check_build_runtime(plan: BuildPlan, allow_other: bool):
     script = plan.trtllm_src / (CONVERT_SCRIPT if VARIANTS[plan.variant].tool == "convert" else QUANTIZE_SCRIPT)
     if not script.is_file():
         raise SystemExit(f"error: {script} not found: set --trtllm-src / TRTLLM_SRC to a TensorRT-LLM "
-                         f"{TRTLLM_VERSION} source tree (the GPU image has it; see docs/gpu.md)")
+                         f"{TRTLLM_VERSION} source tree (the image ships release/{TRTLLM_VERSION}'s examples under "
+                         f"{' or '.join(IMAGE_TRTLLM_SRC_ROOTS)}; see docs/gpu.md)")
     return rt
 
 

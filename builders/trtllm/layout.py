@@ -221,38 +221,3 @@ def render_trtllm_repository(profile: ServingProfile, out_dir: str | Path, optio
     from ..repository import render_repository
 
     return render_repository(profile, out_dir, model_configs_trtllm(profile.resolved(), options, engine_cfg))
-
-
-# ---------------------------------------------------------------------------------------------- launch
-
-
-def server_command(model_repository: str | Path, engine_cfg: dict, options: TrtllmOptions,
-                   base_args: list[str], tritonserver: str = "/opt/tritonserver/bin/tritonserver"
-                   ) -> tuple[list[str], dict[str, str]]:
-    """argv and extra environment to serve the repository: one process for world size 1; for TP × PP > 1
-    either orchestrator mode (one tritonserver, ``TRTLLM_ORCHESTRATOR=1``, the backend spawns one MPI worker
-    per rank with ``MPI_Comm_spawn``) or leader mode (``mpirun`` with world-size tritonservers, rank 0
-    serving every model and ranks > 0 loading only ``tensorrt_llm``).
-
-    ``base_args`` are tritonserver's flags after the binary (ports, repository, …) as the launcher builds them.
-    """
-    world = world_size(engine_cfg)
-    repo = f"--model-repository={Path(model_repository)}"
-    base = [a for a in base_args if not a.startswith("--model-repository=")]
-    if world == 1:
-        return [tritonserver, repo, *base], {}
-    if options.multi_gpu_mode == "orchestrator":
-        return ([tritonserver, repo, *base, "--disable-auto-complete-config"],
-                {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"})
-    argv = ["mpirun", "--allow-run-as-root"]
-    for rank in range(world):
-        rank_args = [a for a in base if not a.startswith("--model-control-mode=")]
-        if rank == 0:
-            rank_args.append("--model-control-mode=none")
-        else:
-            rank_args += ["--model-control-mode=explicit", f"--load-model={options.tensorrt_llm_model_name}"]
-        argv += ["-n", "1", tritonserver, repo, *rank_args,
-                 f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
-        if rank != world - 1:
-            argv.append(":")
-    return argv, {}

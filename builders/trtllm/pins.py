@@ -22,14 +22,22 @@ TRTLLM_VERSION = "1.2.1"
 TENSORRT_VERSION = "10.14.1.48"
 CUDA_VERSION = "13.1.0.036"
 
-#: Where the example scripts come from: ``git clone -b r26.07 --recurse-submodules
-#: https://github.com/triton-inference-server/tensorrtllm_backend`` gives ``tensorrtllm_backend/tensorrt_llm``.
+#: The tensorrtllm_backend branch of this release and its ``tensorrt_llm`` submodule commit (a fork of
+#: TensorRT-LLM's main branch, 2026-06: not the wheel's own source).
 TRTLLM_BACKEND_BRANCH = "r26.07"
 TRTLLM_SOURCE_COMMIT = "ca88df0a400515b8206a19eb30cd047eb7661035"
-#: Paths inside the TensorRT-LLM source tree (tensorrtllm_backend r26.07 docs/llama.md uses the first one).
+#: Paths inside a TensorRT-LLM source tree (tensorrtllm_backend r26.07 docs/llama.md uses the first one).
 CONVERT_SCRIPT = "examples/models/core/llama/convert_checkpoint.py"
 QUANTIZE_SCRIPT = "examples/quantization/quantize.py"
-#: Default location of that source tree in our image (``Dockerfile`` build arg TRTLLM_SRC).
+#: Where the image ships the example scripts of its own wheel (``<root>/examples``), tried in this order:
+#: ``/app`` — tensorrtllm_backend r26.07 ``dockerfile/Dockerfile.triton.trt_llm_backend`` clones NVIDIA/TensorRT-LLM
+#: ``release/1.2.1`` (TENSORRTLLM_REPO_TAG, the tag of the wheel it installs, TENSORRTLLM_VER=1.2.1) and copies its
+#: ``examples`` to ``/app/examples``; ``/app/tensorrt_llm`` — TensorRT-LLM's own ``docker/Dockerfile.multi``
+#: (``release`` / ``tritonrelease`` stages) copies ``examples`` to ``/app/tensorrt_llm/examples``. The Dockerfile's
+#: TRTLLM_EXAMPLES=image check tries the same list.
+IMAGE_TRTLLM_SRC_ROOTS = ("/app", "/app/tensorrt_llm")
+#: Where ``docker build --build-arg TRTLLM_EXAMPLES=download`` puts the two scripts of TRTLLM_SOURCE_COMMIT instead
+#: (for an image that ships none); tried after IMAGE_TRTLLM_SRC_ROOTS.
 DEFAULT_TRTLLM_SRC = "/opt/tensorrtllm_backend/tensorrt_llm"
 
 #: The C++ backend's executor worker inside the image (tensorrt_llm model template, parameter

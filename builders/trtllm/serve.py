@@ -15,13 +15,62 @@ import sys
 from pathlib import Path
 
 NGC_ROOT = Path("/opt/tritonserver")
+#: Flags TensorRT-LLM's ``triton_backend/scripts/launch_triton_server.py`` (``add_multi_model_config``) adds when
+#: the backend spawns its own MPI workers (``--multi-model`` without ``--disable-spawn-processes``, i.e.
+#: TRTLLM_ORCHESTRATOR=1 with TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1, on Triton > 24.06): no pinned or per-GPU
+#: CUDA memory pool in the tritonserver process and no peer access, leaving GPU memory to the spawned workers.
+ORCHESTRATOR_FLAGS = ("--pinned-memory-pool-byte-size=0", "--enable-peer-access=false")
+
+
+def server_command(model_repository: str | Path, engine_cfg: dict, options, base_args: list[str],
+                   tritonserver: str = "/opt/tritonserver/bin/tritonserver", n_gpus: int | None = None
+                   ) -> tuple[list[str], dict[str, str]]:
+    """argv and extra environment to serve the repository, the way the backend's own launcher
+    (``launch_triton_server.py``, TensorRT-LLM release/1.2.1 via tensorrtllm_backend r26.07) starts it.
+
+    World size 1: one tritonserver. TP × PP > 1, orchestrator mode: one tritonserver with
+    ``TRTLLM_ORCHESTRATOR=1`` (the backend spawns one MPI worker per rank) plus the launcher's spawn-mode memory
+    flags, one ``--cuda-memory-pool-byte-size=J:0`` per visible GPU (``n_gpus``). Leader mode: ``mpirun`` with one
+    tritonserver per rank, each with ``--disable-auto-complete-config`` and its own Python shm prefix; ranks > 0
+    load only ``tensorrt_llm`` (``--model-control-mode=explicit --load-model=…``). Rank 0 keeps
+    ``--model-control-mode=none``, Triton's default, which the launcher leaves implicit (docs/gpu.md).
+
+    ``base_args`` are tritonserver's flags after the binary as serving.launcher builds them (ports, control mode
+    none, ``--disable-auto-complete-config``, restricted APIs, …); each flag appears once per process.
+    """
+    from .layout import world_size
+
+    world = world_size(engine_cfg)
+    repo = f"--model-repository={Path(model_repository)}"
+    base = [a for a in base_args if not a.startswith("--model-repository=")]
+    if "--disable-auto-complete-config" not in base:
+        base.append("--disable-auto-complete-config")
+    if world == 1:
+        return [tritonserver, repo, *base], {}
+    if options.multi_gpu_mode == "orchestrator":
+        pools = [f"--cuda-memory-pool-byte-size={j}:0" for j in range(n_gpus if n_gpus is not None else world)]
+        return ([tritonserver, repo, *base, *ORCHESTRATOR_FLAGS, *pools],
+                {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"})
+    argv = ["mpirun", "--allow-run-as-root"]
+    for rank in range(world):
+        rank_args = [a for a in base if not a.startswith("--model-control-mode=")]
+        if rank == 0:
+            rank_args.append("--model-control-mode=none")
+        else:
+            rank_args += ["--model-control-mode=explicit", f"--load-model={options.tensorrt_llm_model_name}"]
+        argv += ["-n", "1", tritonserver, repo, *rank_args,
+                 f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+        if rank != world - 1:
+            argv.append(":")
+    return argv, {}
 
 
 def build_server_argv(model_repository: Path, extra: list[str], multi_gpu_mode: str) -> tuple[list[str], dict]:
     from serving.launcher import ADMIN_KEY_ENV, ServerConfig, build_command
     from serving.triton_install import TritonInstall
 
-    from .layout import engine_info, server_command
+    from .gpus import detect_gpus
+    from .layout import engine_info
     from .manifest import trtllm_engine_dirs
     from .options import TrtllmOptions
 
@@ -37,7 +86,8 @@ def build_server_argv(model_repository: Path, extra: list[str], multi_gpu_mode: 
         return [str(install.binary), *base], {}
     engine_cfg = engine_info(next(iter(engines.values())))
     options = TrtllmOptions(multi_gpu_mode=multi_gpu_mode)
-    return server_command(model_repository, engine_cfg, options, base, str(install.binary))
+    n_gpus = len(detect_gpus()) if multi_gpu_mode == "orchestrator" else None
+    return server_command(model_repository, engine_cfg, options, base, str(install.binary), n_gpus=n_gpus or None)
 
 
 def serve_main(argv: list[str] | None = None) -> int:
