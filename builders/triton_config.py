@@ -26,9 +26,16 @@ def _t(name, dtype, dims=(1,), optional=False):
     return TensorSpec(name, dtype, tuple(dims), optional)
 
 
-# The ensemble's text contract: tensorrtllm_backend's names and types, plus our three extra outputs.
+# The ensemble's text contract: tensorrtllm_backend's names and types, plus our three extra outputs, and
+# ``messages`` (a chat: one JSON array of {role, content}) as the alternative to ``text_input``; preprocessing
+# requires exactly one of the two (serving/chat.py). One source for the CPU and the GPU layout.
+# max_tokens is optional here only to Triton, and required by preprocessing ("max_tokens is required"): Triton 2.51
+# checks an ensemble request's *number* of inputs against the number required, not their names: with max_tokens the
+# only required input, {"text_input": ...} alone passed the check and the ensemble ended without any response
+# (HTTP 200 with an error about the response count; tests/test_chat.py checks the message both protocols get).
 ENSEMBLE_INPUTS = (
-    _t("text_input", "STRING"), _t("max_tokens", "INT32"),
+    _t("text_input", "STRING", optional=True), _t("messages", "STRING", optional=True),
+    _t("max_tokens", "INT32", optional=True),
     _t("bad_words", "STRING", (-1,), True), _t("stop_words", "STRING", (-1,), True),
     _t("end_id", "INT32", optional=True), _t("pad_id", "INT32", optional=True),
     _t("top_k", "INT32", optional=True), _t("top_p", "FP32", optional=True),

@@ -8,10 +8,12 @@
         for delta in stream:
             print(delta, end="", flush=True)
         print(stream.completion.timings)
+        print(llm.chat([{"role": "user", "content": "What is the capital of France?"}]).text)
 """
 
 from client.aio import AsyncLLMClient, AsyncTextStream
-from client.core import Completion, GenerationError, Health, SamplingParams, ServerUnavailableError, Timings
+from client.core import (Completion, GenerationError, Health, Message, SamplingParams, ServerUnavailableError,
+                         Timings)
 from client.sync import LLMClient, TextStream
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "GenerationError",
     "Health",
     "LLMClient",
+    "Message",
     "SamplingParams",
     "ServerUnavailableError",
     "TextStream",

@@ -1,6 +1,8 @@
-"""``python -m client generate PROMPT [...]`` and ``python -m client health``.
+"""``python -m client generate PROMPT [...]``, ``python -m client chat [QUESTION]`` and ``python -m client health``.
 
-Failures (server errors, unreachable server, bad arguments) end with one line on stderr and exit code 1.
+``chat QUESTION`` asks one question and streams the answer; ``chat`` alone reads one user turn per line from stdin
+and keeps the conversation's history (an interactive chat, or a script piped in). Failures (server errors,
+unreachable server, bad arguments) end with one line on stderr and exit code 1.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import argparse
 import json
 import sys
 
-from client.core import Completion, GenerationError, SamplingParams
+from client.core import Completion, GenerationError, SamplingParams, ServerUnavailableError
 from client.sync import LLMClient
 
 
@@ -21,21 +23,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m client", description="Talk to the Triton LLM ensemble.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    generate = commands.add_parser("generate", parents=[common], help="generate text for a prompt")
+    sampling = argparse.ArgumentParser(add_help=False)
+    sampling.add_argument("--temperature", type=float)
+    sampling.add_argument("--top-k", type=int)
+    sampling.add_argument("--top-p", type=float)
+    sampling.add_argument("--seed", type=int)
+    sampling.add_argument("--stop", action="append", default=[], metavar="S", help="stop string (repeatable)")
+
+    generate = commands.add_parser("generate", parents=[common, sampling], help="generate text for a prompt")
     generate.add_argument("prompt")
     generate.add_argument("--max-tokens", type=int, default=64, help="default: %(default)s")
     generate.add_argument("--stream", action="store_true",
                           help="print text as it arrives; TTFT and tokens/s go to stderr")
-    generate.add_argument("--temperature", type=float)
-    generate.add_argument("--top-k", type=int)
-    generate.add_argument("--top-p", type=float)
-    generate.add_argument("--seed", type=int)
-    generate.add_argument("--stop", action="append", default=[], metavar="S",
-                          help="stop string (repeatable)")
     generate.add_argument("--no-exclude-input", dest="exclude_input", action="store_false",
                           help="echo the prompt in the output")
     generate.add_argument("--json", action="store_true",
                           help="print one JSON object (with --stream: timings from the streamed request)")
+
+    chat = commands.add_parser("chat", parents=[common, sampling],
+                               help="ask one question (streamed), or chat with one turn per stdin line")
+    chat.add_argument("question", nargs="?",
+                      help="one user turn; without it, read turns from stdin (EOF or Ctrl-D ends the chat)")
+    chat.add_argument("--system", help="a system message to start the conversation with")
+    chat.add_argument("--max-tokens", type=int, default=256, help="per answer (default: %(default)s)")
+    chat.add_argument("--stats", action="store_true", help="TTFT, tokens/s and finish reason on stderr per answer")
 
     commands.add_parser("health", parents=[common], help="server liveness/readiness and model readiness")
     return parser
@@ -44,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, seed=args.seed, stop=list(args.stop),
-                          exclude_input_in_output=args.exclude_input)
+                          exclude_input_in_output=getattr(args, "exclude_input", True))
 
 
 def summary(completion: Completion) -> str:
@@ -95,6 +106,50 @@ def _generate(llm: LLMClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _answer(llm: LLMClient, messages: list[dict[str, str]], args: argparse.Namespace) -> Completion:
+    """Stream the assistant's next turn to stdout; end its line."""
+    with llm.stream_chat(messages, sampling_params(args)) as stream:
+        for delta in stream:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+        completion = stream.completion
+    assert completion is not None  # the stream was exhausted, so the final response arrived
+    print()
+    if args.stats:
+        print(summary(completion), file=sys.stderr)
+    return completion
+
+
+def _chat(llm: LLMClient, args: argparse.Namespace) -> int:
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    if args.question is not None:
+        _answer(llm, history + [{"role": "user", "content": args.question}], args)
+        return 0
+    interactive = sys.stdin.isatty()
+    failed = False
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:  # EOF
+            if interactive:
+                print(file=sys.stderr)
+            return 1 if failed else 0
+        question = line.rstrip("\n")
+        if not question.strip():
+            continue
+        turn = history + [{"role": "user", "content": question}]
+        try:
+            completion = _answer(llm, turn, args)
+        except GenerationError as exc:  # e.g. the conversation outgrew the engine: say so, keep chatting
+            if isinstance(exc, ServerUnavailableError):
+                raise
+            print("error: " + " ".join(str(exc).split()), file=sys.stderr)
+            failed = True
+            continue
+        history = turn + [{"role": "assistant", "content": completion.text}]
+
+
 def _health(llm: LLMClient) -> int:
     health = llm.health()
     for label, ok in (("server live", health.live), ("server ready", health.ready),
@@ -107,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         with LLMClient(args.url, args.model) as llm:
-            return _generate(llm, args) if args.command == "generate" else _health(llm)
+            commands = {"generate": _generate, "chat": _chat, "health": lambda llm, args: _health(llm)}
+            return commands[args.command](llm, args)
     except (GenerationError, ValueError) as exc:
         print("error: " + " ".join(str(exc).split()), file=sys.stderr)  # one line, whatever the server sent
         return 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from types import TracebackType
 
 import grpc
@@ -17,8 +17,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
-from client.core import (Completion, GenerationError, Health, ResponseCollector, SamplingParams, build_inputs,
-                         is_final, stop_inputs, to_error)
+from client.core import (Completion, GenerationError, Health, Message, ResponseCollector, SamplingParams,
+                         build_chat_inputs, build_inputs, is_final, stop_inputs, to_error)
 
 # After the final response the server closes the call at once; this only bounds a server that does not.
 CALL_END_TIMEOUT_S = 5.0
@@ -75,16 +75,30 @@ class AsyncLLMClient:
 
     async def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
         """Generate the whole completion in one response (``stream=false``)."""
+        return await self._complete(build_inputs(prompt, params or SamplingParams(), stream=False))
+
+    def stream(self, prompt: str, params: SamplingParams | None = None) -> AsyncTextStream:
+        """Stream text deltas: ``async for delta in client.stream(...)``; see ``AsyncTextStream``."""
+        return self._stream(build_inputs(prompt, params or SamplingParams(), stream=True))
+
+    async def chat(self, messages: Sequence[Message], params: SamplingParams | None = None) -> Completion:
+        """The assistant's next turn for a conversation, in one response; see ``LLMClient.chat``."""
+        return await self._complete(build_chat_inputs(messages, params or SamplingParams(), stream=False))
+
+    def stream_chat(self, messages: Sequence[Message], params: SamplingParams | None = None) -> AsyncTextStream:
+        """``chat``, streamed: ``async for delta in client.stream_chat(...)``; see ``AsyncTextStream``."""
+        return self._stream(build_chat_inputs(messages, params or SamplingParams(), stream=True))
+
+    async def _complete(self, inputs: list[grpcclient.InferInput]) -> Completion:
         collector = ResponseCollector(uuid.uuid4().hex)
-        async for _ in self._run(build_inputs(prompt, params or SamplingParams(), stream=False), collector):
+        async for _ in self._run(inputs, collector):
             pass
         assert collector.completion is not None  # _run only ends normally after the final response
         return collector.completion
 
-    def stream(self, prompt: str, params: SamplingParams | None = None) -> AsyncTextStream:
-        """Stream text deltas: ``async for delta in client.stream(...)``; see ``AsyncTextStream``."""
+    def _stream(self, inputs: list[grpcclient.InferInput]) -> AsyncTextStream:
+        """Inputs are built by the caller, so bad params fail there, not at the first ``anext``."""
         collector = ResponseCollector(uuid.uuid4().hex)
-        inputs = build_inputs(prompt, params or SamplingParams(), stream=True)  # bad params fail here, not later
         return AsyncTextStream(self._run(inputs, collector), collector)
 
     async def health(self) -> Health:

@@ -7,7 +7,9 @@ carries a leading batch dimension of 1.
 from __future__ import annotations
 
 import codecs
+import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -136,10 +138,33 @@ def _words_input(name: str, words: list[str]) -> grpcclient.InferInput:
     return _tensor(name, np.array([[w.encode("utf-8") for w in words]], dtype=object), "BYTES")
 
 
+#: One chat message as the OpenAI chat API has it: ``{"role": "system" | "user" | "assistant", "content": str}``.
+Message = Mapping[str, str]
+
+
+def messages_json(messages: Sequence[Message]) -> str:
+    """The ensemble's ``messages`` input: the conversation as one JSON array (the server validates it)."""
+    if isinstance(messages, (str, bytes, Mapping)):
+        raise ValueError('messages must be a list of {"role": ..., "content": ...} dicts')
+    try:
+        return json.dumps([dict(m) for m in messages], ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"messages must be a list of {{role, content}} dicts of strings: {exc}") from None
+
+
 def build_inputs(prompt: str, params: SamplingParams, stream: bool) -> list[grpcclient.InferInput]:
     """The ensemble's input tensors for one prompt; optional inputs only when ``params`` sets them."""
+    return _request_inputs(_words_input("text_input", [prompt]), params, stream)
+
+
+def build_chat_inputs(messages: Sequence[Message], params: SamplingParams, stream: bool) -> list[grpcclient.InferInput]:
+    """The ensemble's input tensors for one chat: the server applies the model's chat template."""
+    return _request_inputs(_words_input("messages", [messages_json(messages)]), params, stream)
+
+
+def _request_inputs(what: grpcclient.InferInput, params: SamplingParams, stream: bool) -> list[grpcclient.InferInput]:
     inputs = [
-        _words_input("text_input", [prompt]),
+        what,
         _scalar_input("max_tokens", params.max_tokens, np.int32),
         _scalar_input("stream", stream, np.bool_),
         _scalar_input("exclude_input_in_output", params.exclude_input_in_output, np.bool_),

@@ -10,14 +10,14 @@ from __future__ import annotations
 import queue
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from client.core import (Completion, Health, ResponseCollector, SamplingParams, build_inputs,
-                         is_final, stop_inputs, to_error)
+from client.core import (Completion, Health, Message, ResponseCollector, SamplingParams, build_chat_inputs,
+                         build_inputs, is_final, stop_inputs, to_error)
 
 # How long to wait for a dead stream's callback to report why it died.
 _CALLBACK_GRACE_S = 5.0
@@ -73,17 +73,21 @@ class LLMClient:
 
     def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
         """Generate the whole completion in one response (``stream=false``)."""
-        collector = ResponseCollector(uuid.uuid4().hex)
-        for _ in self._run(build_inputs(prompt, params or SamplingParams(), stream=False), collector):
-            pass
-        assert collector.completion is not None  # _run only ends normally after the final response
-        return collector.completion
+        return self._complete(build_inputs(prompt, params or SamplingParams(), stream=False))
 
     def stream(self, prompt: str, params: SamplingParams | None = None) -> TextStream:
         """Stream text deltas as the server produces them; see ``TextStream``."""
-        collector = ResponseCollector(uuid.uuid4().hex)
-        inputs = build_inputs(prompt, params or SamplingParams(), stream=True)  # bad params fail here, not later
-        return TextStream(self._run(inputs, collector), collector)
+        return self._stream(build_inputs(prompt, params or SamplingParams(), stream=True))
+
+    def chat(self, messages: Sequence[Message], params: SamplingParams | None = None) -> Completion:
+        """The assistant's next turn for a conversation (``[{"role": ..., "content": ...}, ...]``), in one
+        response. The server applies the model's chat template; the turn ends at the model's end of turn
+        (finish_reason ``stop``), which is not part of the text."""
+        return self._complete(build_chat_inputs(messages, params or SamplingParams(), stream=False))
+
+    def stream_chat(self, messages: Sequence[Message], params: SamplingParams | None = None) -> TextStream:
+        """``chat``, streamed as text deltas; see ``TextStream``."""
+        return self._stream(build_chat_inputs(messages, params or SamplingParams(), stream=True))
 
     def health(self) -> Health:
         try:
@@ -101,6 +105,18 @@ class LLMClient:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+    def _complete(self, inputs: list[grpcclient.InferInput]) -> Completion:
+        collector = ResponseCollector(uuid.uuid4().hex)
+        for _ in self._run(inputs, collector):
+            pass
+        assert collector.completion is not None  # _run only ends normally after the final response
+        return collector.completion
+
+    def _stream(self, inputs: list[grpcclient.InferInput]) -> TextStream:
+        """Inputs are built by the caller, so bad params fail there, not at the first ``next``."""
+        collector = ResponseCollector(uuid.uuid4().hex)
+        return TextStream(self._run(inputs, collector), collector)
 
     def _run(self, inputs: list[grpcclient.InferInput], collector: ResponseCollector) -> Iterator[str]:
         if not self._busy.acquire(blocking=False):

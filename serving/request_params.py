@@ -39,9 +39,10 @@ def resolve_sampling(temperature: float | None, top_k: int | None, top_p: float 
                     top_p=1.0 if top_p is None else float(top_p))
 
 
-def check_lengths(input_len: int, max_tokens: int, max_input_len: int, max_seq_len: int) -> None:
+def check_lengths(input_len: int, max_tokens: int, max_input_len: int, max_seq_len: int, what: str = "prompt") -> None:
+    """``what``: how the error names the input ("prompt", or a conversation after its chat template)."""
     if input_len > max_input_len:
-        raise ValueError(f"prompt is {input_len} tokens long; this engine accepts at most {max_input_len} "
+        raise ValueError(f"{what} is {input_len} tokens long; this engine accepts at most {max_input_len} "
                          "input tokens (max_input_len)")
     limit = max_seq_len - input_len
     if not 1 <= max_tokens <= limit:

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException, deserialize_bytes_tenso
 from client import (AsyncLLMClient, Completion, GenerationError, LLMClient, SamplingParams, ServerUnavailableError,
                     Timings)
 from client.__main__ import build_parser, completion_json, main, sampling_params, summary
-from client.core import ResponseCollector, build_inputs, is_final, to_error
+from client.core import ResponseCollector, build_chat_inputs, build_inputs, is_final, to_error
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -79,6 +79,23 @@ def test_every_optional_input_has_the_contract_name_dtype_and_shape():
     assert sent["stop_words"][2].tolist() == [[b"\n\n", b"def"]]
     assert sent["bad_words"][2].tolist() == [[b"import"]]
     assert (sent["top_k"][2][0, 0], sent["min_tokens"][2][0, 0], sent["end_id"][2][0, 0]) == (40, 2, 2)
+
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Où est <|im_end|> ?"}]
+
+
+def test_chat_sends_the_conversation_as_one_json_string_instead_of_text_input():
+    sent = tensors(build_chat_inputs(CHAT, SamplingParams(max_tokens=8, temperature=0.5), stream=True))
+    assert list(sent) == ["messages", "max_tokens", "stream", "exclude_input_in_output", "temperature"]
+    assert sent["messages"][:2] == ("BYTES", [1, 1])
+    assert json.loads(sent["messages"][2][0, 0].decode()) == CHAT  # verbatim: the server applies the template
+    assert sent["stream"][2][0, 0]
+
+
+@pytest.mark.parametrize("messages", ["hello", {"role": "user", "content": "hi"}, [{"role": "user", "content": b"x"}]])
+def test_chat_refuses_what_is_not_a_list_of_json_dicts_before_sending(messages):
+    with pytest.raises(ValueError, match="messages must be a list of"):
+        build_chat_inputs(messages, SamplingParams(), stream=False)
 
 
 def test_zero_values_are_sent_but_empty_word_lists_are_not():
@@ -170,7 +187,7 @@ class FakeStreamClient:
     """Stands in for tritonclient.grpc.InferenceServerClient: replays ``script`` through the stream callback."""
 
     def __init__(self, script):
-        self.script, self.sent, self.stopped = script, [], []
+        self.script, self.sent, self.stopped, self.inputs = script, [], [], []
 
     def start_stream(self, callback, stream_timeout=None):
         self.callback = callback
@@ -178,6 +195,7 @@ class FakeStreamClient:
     def async_stream_infer(self, model_name, inputs, request_id="", enable_empty_final_response=False):
         assert enable_empty_final_response
         self.sent.append((model_name, request_id, [i.name() for i in inputs]))
+        self.inputs.append(tensors(inputs))
         for result, error in self.script:
             self.callback(result=result, error=error)
 
@@ -214,6 +232,16 @@ def test_generate_returns_the_completion_with_a_fresh_request_id_each_time():
     first, second = llm.generate("p"), llm.generate("p")
     assert isinstance(first, Completion) and first.text == "Hello!"
     assert first.request_id != second.request_id
+    assert fake.stopped == [False, False]
+
+
+def test_chat_and_stream_chat_share_the_generate_path():
+    llm, fake = fake_client(STREAM_SCRIPT)
+    completion = llm.chat(CHAT, SamplingParams(max_tokens=3))
+    stream = llm.stream_chat(CHAT, SamplingParams(max_tokens=3))
+    assert completion.text == "".join(stream) == "Hello!" and stream.completion.finish_reason == "length"
+    assert [names[0] for _, _, names in fake.sent] == ["messages", "messages"]
+    assert [sent["stream"][2][0, 0] for sent in fake.inputs] == [False, True]
     assert fake.stopped == [False, False]
 
 
@@ -308,6 +336,20 @@ def test_async_stream_and_generate():
     assert request[0]["request_id"] == completion.request_id
 
 
+def test_async_chat_and_stream_chat():
+    async def run():
+        llm, calls = fake_aio_client(STREAM_SCRIPT)
+        completion = await llm.chat(CHAT)
+        deltas = [delta async for delta in llm.stream_chat(CHAT)]
+        return completion, deltas, [[r async for r in call.requests][0] for call in calls]
+
+    completion, deltas, requests = asyncio.run(run())
+    assert completion.text == "".join(deltas) == "Hello!"
+    sent = [tensors(request["inputs"]) for request in requests]
+    assert [json.loads(s["messages"][2][0, 0].decode()) for s in sent] == [CHAT, CHAT]
+    assert [s["stream"][2][0, 0] for s in sent] == [False, True]
+
+
 def test_async_early_close_cancels_and_errors_raise():
     async def run():
         llm, calls = fake_aio_client(STREAM_SCRIPT)
@@ -365,7 +407,57 @@ def test_cli_unreachable_server_is_one_clean_line_and_exit_1(capsys):
         sock.bind(("127.0.0.1", 0))
         url = f"127.0.0.1:{sock.getsockname()[1]}"
         for argv in (["generate", "x", "--url", url], ["generate", "x", "--stream", "--url", url],
-                     ["health", "--url", url]):
+                     ["chat", "x", "--url", url], ["health", "--url", url]):
             assert main(argv) == 1
             err = capsys.readouterr().err
             assert err.startswith(f"error: cannot reach Triton at {url}: ") and err.count("\n") == 1
+
+
+def test_cli_chat_arguments():
+    args = build_parser().parse_args(["chat", "Hi?", "--system", "Be brief.", "--max-tokens", "9", "--temperature",
+                                      "0.5", "--stats"])
+    assert (args.command, args.question, args.system, args.stats) == ("chat", "Hi?", "Be brief.", True)
+    assert sampling_params(args) == SamplingParams(max_tokens=9, temperature=0.5)
+    args = build_parser().parse_args(["chat"])
+    assert args.question is None and sampling_params(args) == SamplingParams(max_tokens=256)
+
+
+def test_cli_chat_one_question_streams_the_answer(monkeypatch, capsys):
+    llm, fake = fake_client(STREAM_SCRIPT)
+    monkeypatch.setattr("client.__main__.LLMClient", lambda url, model: llm)
+    assert main(["chat", "Hi?", "--system", "Be brief."]) == 0
+    assert capsys.readouterr() == ("Hello!\n", "")
+    assert json.loads(fake.inputs[0]["messages"][2][0, 0].decode()) == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
+    assert fake.inputs[0]["stream"][2][0, 0]
+
+
+def test_cli_chat_from_stdin_keeps_the_history(monkeypatch, capsys):
+    import io
+
+    llm, fake = fake_client(STREAM_SCRIPT)
+    monkeypatch.setattr("client.__main__.LLMClient", lambda url, model: llm)
+    monkeypatch.setattr("sys.stdin", io.StringIO("first\n\n  \nsecond\n"))
+    assert main(["chat"]) == 0
+    assert capsys.readouterr() == ("Hello!\nHello!\n", "")  # blank lines are skipped; no prompt when piped
+    sent = [json.loads(inputs["messages"][2][0, 0].decode()) for inputs in fake.inputs]
+    assert sent == [[{"role": "user", "content": "first"}],
+                    [{"role": "user", "content": "first"}, {"role": "assistant", "content": "Hello!"},
+                     {"role": "user", "content": "second"}]]
+
+
+def test_cli_chat_from_stdin_reports_a_failed_turn_drops_it_and_goes_on(monkeypatch, capsys):
+    import io
+
+    message = "conversation (after the chat template) is 300 tokens long"
+    answers = iter([[(None, InferenceServerException(msg=message))], STREAM_SCRIPT])
+    llm, fake = fake_client([])
+    monkeypatch.setattr(fake, "async_stream_infer", lambda model_name, inputs, request_id="", **kw: (
+        fake.inputs.append(tensors(inputs)),
+        [fake.callback(result=r, error=e) for r, e in next(answers)]))
+    monkeypatch.setattr("client.__main__.LLMClient", lambda url, model: llm)
+    monkeypatch.setattr("sys.stdin", io.StringIO("too long\nshort\n"))
+    assert main(["chat"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "Hello!\n" and err == f"error: {message}\n"
+    assert json.loads(fake.inputs[1]["messages"][2][0, 0].decode()) == [{"role": "user", "content": "short"}]

@@ -80,7 +80,7 @@ def _helm_check(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=180, cwd=ROOT)
 
 
-@pytest.mark.parametrize("check", ["ready", "generate", "stream"])
+@pytest.mark.parametrize("check", ["ready", "generate", "stream", "chat"])
 def test_helm_test_checks_pass_against_the_chart_command(chart_server, check):
     proc = _helm_check(check, f"--http={chart_server['http']}", "--prompt=def f():", "--max-tokens=8")
     assert proc.returncode == 0, proc.stderr

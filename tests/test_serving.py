@@ -62,8 +62,8 @@ def test_health_and_metadata(triton):
     for model in ("ensemble", "preprocessing", "llm"):
         assert requests.get(f"{http}/v2/models/{model}/ready").status_code == 200
     meta = requests.get(f"{http}/v2/models/ensemble").json()
-    assert {i["name"] for i in meta["inputs"]} >= {"text_input", "max_tokens", "stream", "temperature", "top_k",
-                                                   "top_p", "seed", "stop_words", "end_id", "pad_id",
+    assert {i["name"] for i in meta["inputs"]} >= {"text_input", "messages", "max_tokens", "stream", "temperature",
+                                                   "top_k", "top_p", "seed", "stop_words", "end_id", "pad_id",
                                                    "exclude_input_in_output"}
     assert {o["name"] for o in meta["outputs"]} == {"text_output", "finish_reason", "num_input_tokens",
                                                     "num_output_tokens"}

@@ -30,7 +30,8 @@ from .plan import BuildLimits, BuildPlan, make_plan, plan_commands, predict_engi
 from .variants import VARIANTS
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json", "config.json")
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json", "config.json")
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -91,9 +91,9 @@ CASES = [
          lambda: text_inputs("def f():", 0)),
     Case("max_tokens negative", E, "max_tokens must be between 1 and", {"text_input": "def f():", "max_tokens": -5},
          lambda: text_inputs("def f():", -5)),
-    Case("max_tokens huge", E, "max_tokens must be between 1 and 250 for this 6-token prompt", {"text_input": "def f():", "max_tokens": 10**5},
+    Case("max_tokens huge", E, "max_tokens must be between 1 and 251 for this 5-token prompt", {"text_input": "def f():", "max_tokens": 10**5},
          lambda: text_inputs("def f():", 10**5)),
-    Case("max_tokens missing", E, "missing required input(s) ['max_tokens']", {"text_input": "def f():"},
+    Case("max_tokens missing", E, "max_tokens is required", {"text_input": "def f():"},
          lambda: [make_input("text_input", [[b"def f():"]], object)]),
     Case("max_tokens as text", E, "Unable to parse 'data'", {"text_input": "a", "max_tokens": "eight"}, status=500),
     # --- sampling

@@ -4,6 +4,7 @@
   helm_test.py ready  --http HOST:8000              live, ready, ensemble ready; admin APIs refuse without the key
   helm_test.py generate --http HOST:8000 ...         POST /v2/models/<ensemble>/generate -> text_output
   helm_test.py stream --http HOST:8000 ...           POST .../generate_stream (SSE) -> at least one event
+  helm_test.py chat --http HOST:8000 ...             POST .../generate with messages (one chat question) -> an answer
   helm_test.py grpc-stream --grpc HOST:8001 ...      the project's client CLI, streaming over gRPC
 
 Exit 0 when the check passes; otherwise a one-line reason on stderr and exit 1.
@@ -86,6 +87,27 @@ def check_stream(http: str, ensemble: str, prompt: str, max_tokens: int) -> str:
     return f"generate_stream: {len(events)} events, {text!r}"
 
 
+def check_chat(http: str, ensemble: str, question: str, max_tokens: int, expect: str | None) -> str:
+    """One chat question, greedy: the model's own chat template and end of turn, through the ensemble."""
+    messages = json.dumps([{"role": "user", "content": question}])
+    status, raw = _request(f"http://{http}/v2/models/{ensemble}/generate",
+                           {"messages": messages, "max_tokens": max_tokens})
+    if status != 200:
+        raise CheckFailed(f"chat answered {status}: {raw[:300]!r}")
+    try:
+        out = json.loads(raw)
+    except ValueError:
+        raise CheckFailed(f"chat answered non-JSON: {raw[:300]!r}") from None
+    text, reason = out.get("text_output"), out.get("finish_reason")
+    if not isinstance(text, str) or not text.strip():
+        raise CheckFailed(f"chat answered without text: {out}")
+    if reason not in ("stop", "length"):
+        raise CheckFailed(f"chat answered with finish_reason {reason!r}, expected stop or length: {out}")
+    if expect and expect.lower() not in text.lower():
+        raise CheckFailed(f"chat answer to {question!r} does not contain {expect!r}: {text!r}")
+    return f"chat: {question!r} -> {text!r} (finish_reason {reason})"
+
+
 def check_grpc_stream(grpc: str, prompt: str, max_tokens: int, python: str) -> str:
     cmd = [python, "-m", "client", "generate", prompt, "--url", grpc, "--max-tokens", str(max_tokens), "--stream"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -96,12 +118,14 @@ def check_grpc_stream(grpc: str, prompt: str, max_tokens: int, python: str) -> s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("check", choices=["ready", "generate", "stream", "grpc-stream"])
+    p.add_argument("check", choices=["ready", "generate", "stream", "chat", "grpc-stream"])
     p.add_argument("--http", default="localhost:8000")
     p.add_argument("--grpc", default="localhost:8001")
     p.add_argument("--ensemble", default="ensemble")
     p.add_argument("--prompt", default="def f():")
     p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--question", default="What is the capital of France?", help="chat: the user's question")
+    p.add_argument("--expect", help="chat: a word the answer must contain (case-insensitive), e.g. Paris")
     p.add_argument("--retries", type=int, default=30, help="ready: attempts 2 s apart before failing")
     p.add_argument("--client-python", default=sys.executable,
                    help="grpc-stream: a Python that can import the project's client package")
@@ -113,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             msg = check_generate(args.http, args.ensemble, args.prompt, args.max_tokens)
         elif args.check == "stream":
             msg = check_stream(args.http, args.ensemble, args.prompt, args.max_tokens)
+        elif args.check == "chat":
+            msg = check_chat(args.http, args.ensemble, args.question, args.max_tokens, args.expect)
         else:
             msg = check_grpc_stream(args.grpc, args.prompt, args.max_tokens, args.client_python)
     except CheckFailed as e:

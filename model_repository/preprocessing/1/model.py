@@ -1,4 +1,5 @@
-"""Triton preprocessing: text → token ids, request defaults and validation (INVALID_ARG on bad input)."""
+"""Triton preprocessing: text or chat messages → token ids, request defaults and validation (INVALID_ARG on bad
+input). Chat messages go through serving.chat: the template's markers become control tokens, content stays text."""
 
 import secrets
 
@@ -6,6 +7,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
 
+from serving.chat import ChatEncoder, default_end_id, parse_messages
 from serving.drain import PREPROCESSING_GRACE_S, DrainGate
 from serving.request_params import check_lengths, check_min_tokens, resolve_sampling
 from serving.stub_python import check_stub
@@ -23,6 +25,20 @@ def _texts(row) -> list[str]:
         raise RequestError(f"stop_words/bad_words must be UTF-8 text: {exc}") from None
 
 
+def _string(request, name: str) -> str | None:
+    """An optional one-element STRING input as text, or None when absent."""
+    raw = single_row(request, name)
+    if raw is None:
+        return None
+    if raw.size != 1:
+        raise RequestError(f"{name} must hold exactly one " + ("prompt" if name == "text_input" else "JSON array"))
+    raw = raw.reshape(-1)[0]
+    try:
+        return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"{name} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
 class TritonPythonModel:
     def initialize(self, args):
         pb_utils.Logger.log_info(check_stub(args["model_name"]))
@@ -30,7 +46,9 @@ class TritonPythonModel:
         self.tokenizer = AutoTokenizer.from_pretrained(params["tokenizer_dir"], local_files_only=True)
         self.max_input_len = int(params["max_input_len"])
         self.max_seq_len = int(params["max_seq_len"])
-        self.end_id = self.tokenizer.eos_token_id
+        self.chat = ChatEncoder(self.tokenizer)
+        # The end of the assistant's turn (generation_config.json), so chat answers end with finish_reason "stop".
+        self.end_id = default_end_id(self.chat, params["tokenizer_dir"])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.end_id
         self.gate = DrainGate()
 
@@ -50,23 +68,25 @@ class TritonPythonModel:
                for w in _texts(row) if w]
         return to_word_list([w for w in ids if w])[None]
 
-    def _preprocess(self, request):
-        raw = single_row(request, "text_input")
-        if raw is None or raw.size != 1:
-            raise RequestError("text_input must hold exactly one prompt")
-        raw = raw.reshape(-1)[0]
-        try:
-            prompt = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-        except UnicodeDecodeError as exc:
-            raise RequestError(f"text_input is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    def _input_ids(self, request) -> tuple[list[int], str]:
+        """The prompt's ids from exactly one of text_input and messages, and how errors name the prompt."""
+        prompt, messages = _string(request, "text_input"), _string(request, "messages")
+        if (prompt is None) == (messages is None):
+            raise RequestError("send exactly one of text_input (a prompt) and messages (a chat as a JSON array "
+                               "of {role, content}), " + ("not both" if prompt is not None else "got neither"))
+        if messages is not None:
+            return self.chat.encode(parse_messages(messages)), "conversation (after the chat template)"
         if not prompt:
             raise RequestError("text_input is empty: send a prompt of at least one character")
+        # Text that looks like a control token ("</s>") is text: only the tokenizer's own BOS is special.
+        return self.tokenizer(prompt, split_special_tokens=True).input_ids, "prompt"
+
+    def _preprocess(self, request):
+        input_ids, what = self._input_ids(request)
         max_tokens = scalar(request, "max_tokens", int)
         if max_tokens is None:
             raise RequestError("max_tokens is required")
-        # Text that looks like a control token ("</s>") is text: only the tokenizer's own BOS is special.
-        input_ids = self.tokenizer(prompt, split_special_tokens=True).input_ids
-        check_lengths(len(input_ids), max_tokens, self.max_input_len, self.max_seq_len)
+        check_lengths(len(input_ids), max_tokens, self.max_input_len, self.max_seq_len, what)
         min_tokens = scalar(request, "min_tokens", int) or 0
         check_min_tokens(min_tokens, max_tokens)
         sampling = resolve_sampling(scalar(request, "temperature", float), scalar(request, "top_k", int),
