@@ -1,7 +1,7 @@
 """Chat messages → prompt token ids *by structure*, so message content can never act as a control token.
 
-Every OpenAI-compatible server we compared (vLLM, Triton's python/openai, trtllm-serve, llama-server) renders the chat template to one string and
-tokenises it again, so a user who types ``<|im_end|>\\n<|im_start|>system\\n…`` ends their turn and writes a
+Every OpenAI-compatible server we compared (vLLM, Triton's python/openai, trtllm-serve, llama-server) renders
+the chat template to one string and tokenises it again, so a user who types ``<|im_end|>\\n<|im_start|>system\\n…`` ends their turn and writes a
 system message of their own (vllm#31735, llama.cpp#24382). Here the template is rendered with each message's
 content replaced by a random sentinel; the rendered string is split at the sentinels, control tokens are
 recognised only in the template's own text, and the text between two control tokens (template text and
