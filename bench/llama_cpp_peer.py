@@ -11,6 +11,10 @@ to the file named by its argument. Jobs:
   gives exactly ``new_tokens`` tokens (the ``min_tokens`` semantics the other peers use). Prompts are token ids,
   so every peer sees the same prompt; ``tokenize`` texts come back tokenised by the GGUF's own tokenizer, to
   check its BPE metadata against Hugging Face's.
+* ``{"op": "logits", "gguf": path, "threads": 2, "ids": [...], "out": logits.npy, "tokenize": ["text", ...]}`` —
+  teacher forcing: one forward pass over ``ids`` (no BOS added), the logits at every position saved as a float32
+  ``(len(ids), n_vocab)`` array to ``out``; ``tokenize`` texts come back tokenised without BOS or special tokens
+  (tests/test_model_source.py: the conversion proof).
 """
 
 from __future__ import annotations
@@ -74,9 +78,23 @@ def run(job: dict) -> dict:
             "version": llama_cpp.__version__, "system_info": llama_cpp.llama_print_system_info().decode()}
 
 
+def logits(job: dict) -> dict:
+    import llama_cpp
+
+    ids, threads = [int(i) for i in job["ids"]], int(job.get("threads", 2))
+    llm = llama_cpp.Llama(model_path=job["gguf"], n_ctx=max(512, len(ids)), n_batch=512, n_threads=threads,
+                          n_threads_batch=threads, logits_all=True, verbose=False)
+    start = time.perf_counter()
+    llm.eval(ids)
+    seconds = time.perf_counter() - start
+    np.save(job["out"], np.asarray(llm.scores[: len(ids)], dtype=np.float32))
+    tokenized = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) for t in job.get("tokenize", [])]
+    return {"seconds": seconds, "n_vocab": llm.n_vocab(), "tokenized": tokenized, "version": llama_cpp.__version__}
+
+
 def main() -> None:
     job = json.loads(sys.stdin.read())
-    result = {"quantize": quantize, "run": run}[job["op"]](job)
+    result = {"quantize": quantize, "run": run, "logits": logits}[job["op"]](job)
     # A file, not stdout: llama.cpp may print to stdout itself.
     with open(sys.argv[1], "w") as f:
         json.dump(result, f)

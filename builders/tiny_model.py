@@ -6,7 +6,7 @@ the running Python's standard-library sources, the only text every machine has) 
 SmolLM2's control tokens ``<|endoftext|>`` (0), ``<|im_start|>`` (1), ``<|im_end|>`` (2), no BOS added on encode,
 ``<|im_end|>`` as end of turn and a ChatML chat template — so chat, stop and streaming tests run on it in seconds.
 
-    build_random_model(out_dir, spec=ModelSpec.tiny(), seed=0) -> Path
+    build_random_model(out_dir, spec=None (ModelSpec.tiny()), seed=0) -> Path
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import sysconfig
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["CHAT_TEMPLATE", "ModelSpec", "atomic_dir", "build_random_model"]
+from .checkpoint_dir import write_atomically
+
+__all__ = ["CHAT_TEMPLATE", "ModelSpec", "build_random_model"]
 
 END_OF_TEXT, TURN_START, TURN_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
@@ -91,34 +91,12 @@ def train_tokenizer(vocab_size: int, max_chars: int) -> Any:
     return fast
 
 
-def atomic_dir(out_dir: Path, write: Callable[[Path], None], marker: str) -> Path:
-    """Run ``write(tmp)`` in a sibling temp dir, then put it in place of ``out_dir``, with umask permissions.
-
-    ``marker`` is the file that proves a directory was written by a builder: anything else is never replaced."""
-    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / marker).is_file():
-        raise FileExistsError(f"{out_dir} exists and was not written by this builder (no {marker}); not replacing it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; safetensors files can come out 0600
-        for f in tmp.rglob("*"):
-            os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~umask)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
-
-
-def build_random_model(out_dir: str | os.PathLike[str], spec: ModelSpec = ModelSpec.tiny(), seed: int = 0,
+def build_random_model(out_dir: str | os.PathLike[str], spec: ModelSpec | None = None, seed: int = 0,
                        tokenizer_chars: int = 300_000) -> Path:
     """Write an untrained (seeded) float32 checkpoint with its tokenizer and generation config; always rebuilt."""
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    spec = spec or ModelSpec.tiny()
 
     def write(tmp: Path) -> None:
         tokenizer = train_tokenizer(spec.vocab_size, tokenizer_chars)
@@ -134,4 +112,4 @@ def build_random_model(out_dir: str | os.PathLike[str], spec: ModelSpec = ModelS
                 "num_parameters": sum(p.numel() for p in model.parameters())}
         (tmp / "build_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
-    return atomic_dir(Path(out_dir), write, marker="build_info.json")
+    return write_atomically(Path(out_dir), write, marker="build_info.json")

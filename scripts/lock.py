@@ -77,8 +77,8 @@ HEADERS = {
 #   pip install {pip_locked} -r requirements.lock -r requirements-server.lock
 """,
     "requirements-gpu.lock": """\
-# requirements-gpu.lock: the project tools' venv in the GPU image (Dockerfile: python3 -m venv --system-site-packages
-# on the TensorRT-LLM Triton image): {gpu_packages} and their dependencies, at
+# requirements-gpu.lock: the project tools' venv in the GPU image (Dockerfile: builders/trtllm/tool_venv.sh on the
+# TensorRT-LLM Triton image, from the Python that has tensorrt_llm): {gpu_packages} and their dependencies, at
 # requirements.lock's versions, resolved for the image's CPython 3.12 (Linux x86_64, glibc 2.39), sha256-pinned.
 # The image's own packages (TensorRT-LLM, its torch) come with the image and are not in any lock.
 # Made by `make lock` (uv {uv} pip compile); do not edit.
