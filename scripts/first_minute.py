@@ -1,8 +1,10 @@
 """A newcomer's first minute, as a check: ``make serve``, the first request right after readiness, a clean stop.
 
-The first request after start is sent streamed, then the same request non-streamed, over gRPC and over HTTP:
-every streamed answer must concatenate to its non-streamed twin byte for byte. Then SIGTERM (what Ctrl-C and
-Kubernetes send) must drain and stop the server with exit code 0. Exit code 0 when all of that holds.
+The first request after start — one chat question — is sent streamed, then non-streamed, over gRPC and over HTTP:
+every streamed answer must concatenate to its non-streamed twin byte for byte. Then the newcomer's own command,
+``python -m client chat "What is the capital of France?"``, whose answer must name Paris (``--expect``; the default
+model's greedy answer). Then SIGTERM (what Ctrl-C and Kubernetes send) must drain and stop the server with exit
+code 0. Exit code 0 when all of that holds.
 
     source .venv/bin/activate && python scripts/first_minute.py     # what .ci/run does after `make test`
     .venv/bin/python scripts/first_minute.py MODEL_DIR=... ENGINE_DIR=... PROFILE=... REPOSITORY=...
@@ -27,7 +29,8 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-PROMPT = "def fibonacci(n):"
+QUESTION = "What is the capital of France?"
+MESSAGES = [{"role": "user", "content": QUESTION}]
 MAX_TOKENS = 32
 
 
@@ -35,11 +38,12 @@ MAX_TOKENS = 32
 class Outcome:
     ready_s: float
     pairs: dict[str, tuple[bytes, bytes]]  # transport -> (streamed, non-streamed)
+    cli_answer: str  # stdout of `python -m client chat QUESTION`
     exit_code: int | None
 
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and all(s == w and w for s, w in self.pairs.values())
+    def ok(self, expect: str = "") -> bool:
+        return (self.exit_code == 0 and all(s == w and w for s, w in self.pairs.values())
+                and bool(self.cli_answer.strip()) and expect.lower() in self.cli_answer.lower())
 
 
 def _ready(http: str) -> bool:
@@ -51,7 +55,7 @@ def _ready(http: str) -> bool:
 
 
 def _http_pair(http: str) -> tuple[bytes, bytes]:
-    body = {"text_input": PROMPT, "max_tokens": MAX_TOKENS}
+    body = {"messages": json.dumps(MESSAGES), "max_tokens": MAX_TOKENS}
     streamed = b""
     req = urllib.request.Request(f"{http}/v2/models/ensemble/generate_stream", method="POST",
                                  data=json.dumps({**body, "stream": True}).encode())
@@ -71,9 +75,17 @@ def _grpc_pair(grpc: str) -> tuple[bytes, bytes]:
 
     params = SamplingParams(max_tokens=MAX_TOKENS)
     with LLMClient(grpc, timeout=120) as client:
-        streamed = "".join(client.stream(PROMPT, params)).encode("utf-8")  # the very first request
-        whole = client.generate(PROMPT, params).text.encode("utf-8")
+        streamed = "".join(client.stream_chat(MESSAGES, params)).encode("utf-8")  # the very first request
+        whole = client.chat(MESSAGES, params).text.encode("utf-8")
     return streamed, whole
+
+
+def _cli_chat(grpc: str, env: dict[str, str]) -> str:
+    command = [sys.executable, "-m", "client", "chat", QUESTION, "--url", grpc, "--max-tokens", str(MAX_TOKENS)]
+    done = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"python -m client chat exited with {done.returncode}: {done.stderr[-2000:]}")
+    return done.stdout
 
 
 def _launcher(make: subprocess.Popen, timeout: float = 10):
@@ -114,19 +126,21 @@ def run(make_args: list[str], log: Path, env: dict[str, str] | None = None, read
         ready_s = time.monotonic() - started
         pairs["grpc"] = _grpc_pair(grpc)
         pairs["http"] = _http_pair(http)
+        cli_answer = _cli_chat(grpc, env)
         _launcher(make).send_signal(signal.SIGTERM)
         exit_code = make.wait(120)
     finally:
         if make.poll() is None:
             make.kill()
             make.wait()
-    return Outcome(ready_s, pairs, exit_code)
+    return Outcome(ready_s, pairs, cli_answer, exit_code)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("make_args", nargs="*", help="variable overrides for make serve (NAME=VALUE)")
     parser.add_argument("--log", type=Path, default=PROJECT_ROOT / "build" / "first_minute.log")
+    parser.add_argument("--expect", default="Paris", help="text the CLI's chat answer must contain ('' for any)")
     args = parser.parse_args(argv)
     args.log.parent.mkdir(parents=True, exist_ok=True)
     shell = f"venv {os.environ['VIRTUAL_ENV']} activated" if os.environ.get("VIRTUAL_ENV") else "no venv activated"
@@ -138,9 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  first request over {transport}: streamed {verdict} to non-streamed ({len(whole)} bytes)")
         if verdict != "equal":
             print(f"    streamed:     {streamed!r}\n    non-streamed: {whole!r}")
+    print(f"  python -m client chat {QUESTION!r}: {outcome.cli_answer.strip()!r}"
+          + ("" if args.expect.lower() in outcome.cli_answer.lower() else f" — does NOT contain {args.expect!r}"))
     print(f"  SIGTERM: make serve exited with {outcome.exit_code}")
-    print("first minute: OK" if outcome.ok else "first minute: FAILED", flush=True)
-    return 0 if outcome.ok else 1
+    ok = outcome.ok(args.expect)
+    print("first minute: OK" if ok else "first minute: FAILED", flush=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
