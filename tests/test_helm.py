@@ -698,7 +698,7 @@ def test_notes(helm_bin, helm_env, tmp_path):
     notes = one(docs_of(template(helm_bin, helm_env, values=[profile_file("cpu")], chart=chart).stdout),
                 "ConfigMap", "notes")["data"]["notes"]
     assert f"kubectl -n {NAMESPACE} port-forward svc/{FULLNAME} 8000:8000 8001:8001" in notes
-    assert "python -m client generate \"def f():\" --url localhost:8001 --max-tokens 16 --stream" in notes
+    assert "python -m client chat \"What is the capital of France?\" --url localhost:8001" in notes
     assert "/v2/models/ensemble/generate" in notes and "helm test llm" in notes
     assert "no\nmonitoring.coreos.com/v1 CRDs" in notes  # enabled monitors skipped on a bare cluster: say so
     assert "terminationGracePeriodSeconds 65" in notes

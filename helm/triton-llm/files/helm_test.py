@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--http", default="localhost:8000")
     p.add_argument("--grpc", default="localhost:8001")
     p.add_argument("--ensemble", default="ensemble")
-    p.add_argument("--prompt", default="def f():")
+    p.add_argument("--prompt", default="The capital of France is")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--question", default="What is the capital of France?", help="chat: the user's question")
     p.add_argument("--expect", help="chat: a word the answer must contain (case-insensitive), e.g. Paris")
