@@ -359,21 +359,17 @@ def prepare_model(name: str, opts: Options) -> BenchModel:
 
 
 def make_prompts(checkpoint: Path, prompt_tokens: int, count: int) -> tuple[list[str], list[list[int]]]:
-    """``count`` distinct code prompts of ~prompt_tokens tokens from the held-out standard-library files."""
+    """``count`` distinct English prompts of ~prompt_tokens tokens from the held-out local English text
+    (``builders/english_text.py``): consecutive slices of its token stream, each decoded and re-encoded."""
     from transformers import AutoTokenizer
 
-    from builders.default_model import corpus_files
+    from builders.english_text import evaluation_texts, token_stream
 
     tok = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
-    split = corpus_files()
     texts, ids = [], []
-    sources = list(split.val) + list(split.train[::7])
-    for path in sources:
-        body = path.read_text(encoding="utf-8", errors="replace")
-        start = body.find("\ndef ")
-        start = start + 1 if start >= 0 else 0
-        enc = tok.encode(body[start:start + 4 * prompt_tokens * 4])
-        text = tok.decode(enc[1:prompt_tokens], skip_special_tokens=True)
+    stream = token_stream(tok, evaluation_texts())
+    for start in range(0, len(stream) - prompt_tokens, prompt_tokens):
+        text = tok.decode(stream[start + 1:start + prompt_tokens], skip_special_tokens=True)
         if not text.strip():
             continue
         texts.append(text)

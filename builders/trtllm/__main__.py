@@ -2,7 +2,7 @@
 
     engine          build (or --dry-run) an engine + repository   (= python -m builders engine --target trtllm)
     budget          print / write the memory budget of a variant on a GPU
-    calibration     write the local calibration set (stdlib sources)
+    calibration     write the local calibration set (English text from the Python install)
     check-engine    is an engine servable here? (exit 1 with the reasons if not)
     serve           container entry point: check engines, then exec tritonserver
     variants        the variants this machine's GPU (or --gpu) supports, one per line

@@ -6,9 +6,11 @@ local dataset only as a *directory* that ``datasets.load_dataset(dir, split="tra
 ``<dir>/train.jsonl`` with one ``{"text": ...}`` object per sample, and nothing else in that directory
 (another file there could be picked up as data); provenance goes to a JSON file beside it.
 
-The text: the top-level ``.py`` files of the running Python's standard library, sorted by name (the same
-corpus as ``builders/default_model.py: corpus_files``), cut at line boundaries into samples of about
-``chars_per_sample`` characters, ``n_samples`` of them taken evenly across the corpus. Deterministic for a
+The text: the calibration part of ``builders/english_text.py`` (prose paragraphs of the running Python's
+standard-library docstrings and of its Language Reference, ``pydoc_data/topics.py``; the held-out part is kept for
+evaluation), its paragraphs in unit order packed into samples of at least ``chars_per_sample`` characters, each
+starting at a paragraph, ``n_samples`` of them starting evenly across the text (neighbours overlap a little when
+``n_samples × chars_per_sample`` exceeds the text: 512 × 2048 characters does, slightly). Deterministic for a
 given Python installation. Nothing here imports torch or TensorRT-LLM.
 """
 
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sysconfig
 from pathlib import Path
 
 
@@ -34,29 +35,33 @@ def hub_branch(dataset_name_or_dir: str) -> str | None:
     return None
 
 
-def stdlib_sources(root: str | Path | None = None) -> list[Path]:
-    base = Path(root) if root is not None else Path(sysconfig.get_paths()["stdlib"])
-    files = sorted((p for p in base.glob("*.py") if p.is_file()), key=lambda p: p.name)
-    if not files:
-        raise FileNotFoundError(f"no .py files under {base}")
-    return files
+def _paragraphs(root: str | Path | None) -> list[str]:
+    from ..english_text import units
+
+    return [p for u in units(root) if not u.heldout for p in u.paragraphs]
 
 
-def _samples(files: list[Path], chars_per_sample: int) -> list[str]:
-    out: list[str] = []
-    for path in files:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        current: list[str] = []
-        size = 0
-        for line in text.splitlines(keepends=True):
-            current.append(line)
-            size += len(line)
-            if size >= chars_per_sample:
-                out.append("".join(current))
-                current, size = [], 0
-        if size >= chars_per_sample // 4:
-            out.append("".join(current))
-    return [s for s in out if s.strip()]
+def _samples(paragraphs: list[str], n_samples: int, chars_per_sample: int) -> list[str]:
+    starts, total = [], 0
+    for p in paragraphs:
+        starts.append(total)
+        total += len(p) + 2
+    if total < chars_per_sample * max(n_samples, 2) / 2:  # more than every character twice: too little text
+        raise ValueError(f"only {total} characters of calibration text for {n_samples} samples of "
+                         f"{chars_per_sample}; lower --calib-size")
+    span = max(total - chars_per_sample, 0)
+    out, first = [], 0
+    for i in range(n_samples):
+        target = span * i // max(n_samples - 1, 1)
+        while first + 1 < len(starts) and starts[first + 1] <= target:
+            first += 1
+        chunk, size, j = [], 0, first
+        while size < chars_per_sample and j < len(paragraphs):
+            chunk.append(paragraphs[j])
+            size += len(paragraphs[j]) + 2
+            j += 1
+        out.append("\n\n".join(chunk))
+    return out
 
 
 def write_calibration_set(out_dir: str | Path, n_samples: int = 512, chars_per_sample: int = 2048,
@@ -67,21 +72,19 @@ def write_calibration_set(out_dir: str | Path, n_samples: int = 512, chars_per_s
     if taken_for:
         raise ValueError(f"calibration directory {out_dir}: quantize.py's get_calib_dataloader would take it for "
                          f"the hub dataset name {taken_for}, not a local text directory; choose another path")
-    files = stdlib_sources(root)
-    samples = _samples(files, chars_per_sample)
-    if len(samples) < n_samples:
-        raise ValueError(f"only {len(samples)} samples of {chars_per_sample} characters in {files[0].parent}; "
-                         f"lower --calib-size")
-    step = len(samples) / n_samples
-    chosen = [samples[int(i * step)] for i in range(n_samples)]
+    from ..english_text import summary
+
+    chosen = _samples(_paragraphs(root), n_samples, chars_per_sample)
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.iterdir():  # the directory must hold the data file only
         if stale.is_file():
             stale.unlink()
     data = "".join(json.dumps({"text": s}, ensure_ascii=False) + "\n" for s in chosen)
     (out_dir / "train.jsonl").write_text(data, encoding="utf-8")
+    text = summary(root)
     info = {
-        "source": str(files[0].parent), "files": len(files), "samples": n_samples,
+        "source": text["source"], "stdlib": text["stdlib"], "python": text["python"],
+        "text_sha256": text["calibration"]["sha256"], "samples": n_samples,
         "chars_per_sample": chars_per_sample, "sha256": hashlib.sha256(data.encode("utf-8")).hexdigest(),
         "format": "datasets json builder: train split, 'text' column",
     }
