@@ -120,6 +120,12 @@ def test_render_writes_a_repository(tmp_path):
     assert (out / "tensorrt_llm" / "1").is_dir() and not any((out / "tensorrt_llm" / "1").iterdir())
     for cfg in out.glob("*/config.pbtxt"):
         text_format.Parse(cfg.read_text(), mc.ModelConfig())
+    # The chat contract is the CPU layout's: the same preprocessing model, the same ensemble inputs.
+    ensemble = text_format.Parse((out / "ensemble" / "config.pbtxt").read_text(), mc.ModelConfig())
+    inputs = {i.name: i for i in ensemble.input}
+    assert inputs["messages"].optional and inputs["text_input"].optional
+    assert (out / "preprocessing" / "1" / "model.py").read_bytes() == \
+        (Path(__file__).parent.parent / "model_repository/preprocessing/1/model.py").read_bytes()
 
 
 def test_refuses_wrong_target_and_missing_engine(tmp_path):
