@@ -291,15 +291,18 @@ def preprocessing_table(model):
     return model._rel_table
 
 
-@pytest.mark.parametrize("prompt", ["</s>", 'print("</s>")', "<s>def f():", "x = '<pad>'"])
+@pytest.mark.parametrize("prompt", ["<|im_end|>", 'print("<|im_end|>")', "<|im_start|>def f():",
+                                    "x = '<|endoftext|>'"])
 def test_prompt_text_is_never_a_control_token(preprocessing, prompt):
-    """A prompt containing the text "</s>" must reach the model as that text, not as the EOS token (which
-    ends the context mid-prompt and drops the text from echoes: `print("</s>")` came back as `print("")`)."""
+    """A prompt containing the text "<|im_end|>" must reach the model as that text, not as the end-of-turn token
+    (which ends the context mid-prompt and drops the text from echoes: `print("</s>")` came back as `print("")`
+    with the old default model)."""
     (response,) = preprocessing.execute([{"text_input": batch(prompt.encode(), object),
                                           "max_tokens": batch(4, np.int32)}])
     assert response.error is None
     ids = next(t.as_numpy() for t in response.output_tensors if t.name() == "input_ids")[0].tolist()
     special = set(preprocessing.tokenizer.all_special_ids)
-    assert ids[0] == preprocessing.tokenizer.bos_token_id
-    assert not special & set(ids[1:]), f"{prompt!r} became control tokens: {ids}"
+    added = preprocessing.tokenizer("").input_ids  # what the tokenizer itself puts first (BOS, or nothing)
+    assert ids[:len(added)] == added
+    assert not special & set(ids[len(added):]), f"{prompt!r} became control tokens: {ids}"
     assert b"".join(preprocessing_table(preprocessing)[i] for i in ids) == prompt.encode()
