@@ -50,6 +50,9 @@ class ServingProfile(_Strict):
     tokenizer_dir: Path
     max_batch_size: int = Field(32, ge=1, description="Triton max_batch_size of the text stages and ensemble")
     llm_model_name: str = "llm"
+    # The model id the OpenAI front door serves (serving/openai), read from the ensemble's config by gRPC, so the
+    # front door needs no file of ours (in Kubernetes it runs in another container). None: tokenizer_dir's name.
+    served_model_name: str | None = Field(None, min_length=1)
     preprocessing: Stage = Stage()
     llm: LLMStage = LLMStage()
 
@@ -58,6 +61,10 @@ class ServingProfile(_Strict):
         if self.llm_model_name in {"preprocessing", "ensemble"}:
             raise ValueError(f"llm_model_name {self.llm_model_name!r} clashes with another model of the ensemble")
         return self
+
+    @property
+    def model_id(self) -> str:
+        return self.served_model_name or self.tokenizer_dir.name
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides) -> "ServingProfile":

@@ -128,10 +128,13 @@ def ensemble_config(p: ServingProfile) -> mc.ModelConfig:
             input_map={name: f"_pre_{name}" for name in sorted(llm_inputs)},
             output_map={t.name: t.name for t in ENSEMBLE_OUTPUTS}),
     ]
-    return mc.ModelConfig(name="ensemble", platform="ensemble", max_batch_size=p.max_batch_size,
-                          input=[_io(t, mc.ModelInput) for t in ENSEMBLE_INPUTS],
-                          output=[_io(t, mc.ModelOutput) for t in ENSEMBLE_OUTPUTS],
-                          ensemble_scheduling=mc.ModelEnsembling(step=steps))
+    cfg = mc.ModelConfig(name="ensemble", platform="ensemble", max_batch_size=p.max_batch_size,
+                         input=[_io(t, mc.ModelInput) for t in ENSEMBLE_INPUTS],
+                         output=[_io(t, mc.ModelOutput) for t in ENSEMBLE_OUTPUTS],
+                         ensemble_scheduling=mc.ModelEnsembling(step=steps))
+    # Read by the OpenAI front door (serving/openai) over gRPC's ModelConfig: the id it serves the model under.
+    cfg.parameters["served_model_name"].string_value = p.model_id
+    return cfg
 
 
 def to_pbtxt(cfg: mc.ModelConfig) -> str:

@@ -1,0 +1,299 @@
+"""OpenAI's request and response schema for the routes served here, as strict pydantic models.
+
+Requests are ``extra="forbid"`` and ``strict``: an unknown field or a value of the wrong type is a 400 naming it,
+never silently dropped or coerced. Parameters OpenAI has but the engine cannot honour are declared so they can be
+refused by name; only their "off" value (``logprobs: false``, ``frequency_penalty: 0``, ``n: 1``…) is accepted,
+since that asks for nothing. Responses carry every field the official SDK reads.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from serving.openai.errors import bad_request
+
+# A seed is an int64 in OpenAI's schema; the engine's is a uint64 (negative seeds wrap, two's complement).
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+MAX_STOP = 4
+
+# Parameters the engine cannot honour, with the only values that ask for nothing (accepted, since then nothing is
+# dropped). Anything else is refused with a 400 naming the parameter.
+_CHAT_OFF: dict[str, tuple] = {
+    "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
+    "logprobs": (None, False), "top_logprobs": (None,), "response_format": (None, {"type": "text"}),
+    "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None,), "functions": (None, []),
+    "function_call": (None, "none"), "store": (None, False), "metadata": (None, {}), "service_tier": (None, "auto"),
+    "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
+    "web_search_options": (None,), "verbosity": (None,), "prompt_cache_key": (None,), "safety_identifier": (None,),
+}
+_COMPLETION_OFF: dict[str, tuple] = {
+    "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
+    "logprobs": (None,), "best_of": (None, 1), "echo": (None, False), "suffix": (None,),
+}
+
+
+def _is_off(value, allowed: tuple) -> bool:
+    for off in allowed:
+        if isinstance(value, bool) or isinstance(off, bool):  # False is not 0 here: logprobs 0 is no boolean
+            if isinstance(value, bool) and isinstance(off, bool) and value == off:
+                return True
+        elif value == off:
+            return True
+    return False
+
+
+def _refuse_unsupported(values: dict, off: dict[str, tuple]) -> None:
+    for name, allowed in off.items():
+        if name in values and not _is_off(values[name], allowed):
+            raise bad_request(f"'{name}' is not supported by this server: the engine cannot honour it "
+                              "(docs/openai.md lists the parameters it can)", param=name, code="unsupported_parameter")
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Request):
+    include_usage: bool | None = None
+
+
+class _Sampling(_Request):
+    """What chat and completions share."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int | None = 1
+    user: str | None = None  # accepted and ignored: it identifies the end user to OpenAI, asks nothing of the engine
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, stop):
+        words = [stop] if isinstance(stop, str) else (stop or [])
+        if len(words) > MAX_STOP:
+            raise ValueError(f"'stop' takes at most {MAX_STOP} sequences, got {len(words)}")
+        if any(w == "" for w in words):
+            raise ValueError("'stop' sequences must not be empty strings")
+        return stop
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, n):
+        if n not in (None, 1):
+            raise ValueError(f"'n' must be 1 on this server (one choice per request), got {n}")
+        return n
+
+    @model_validator(mode="after")
+    def _stream_options(self):
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+        return self
+
+    @property
+    def stop_words(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    # "developer" is OpenAI's newer name for the system role (its SDK sends it for some models): same meaning.
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def plain(self) -> dict[str, str]:
+        """The ensemble's {role, content}; text parts are joined as OpenAI joins them (no separator)."""
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    logit_bias: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    modalities: Any = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    verbosity: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, values):
+        if isinstance(values, dict):
+            _refuse_unsupported(values, _CHAT_OFF)
+        return values
+
+    @model_validator(mode="after")
+    def _max_tokens(self):
+        if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
+            raise bad_request("'max_tokens' and 'max_completion_tokens' differ: send one of them", param="max_tokens")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    logit_bias: Any = None
+    logprobs: Any = None
+    best_of: Any = None
+    echo: Any = None
+    suffix: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, values):
+        if isinstance(values, dict):
+            _refuse_unsupported(values, _COMPLETION_OFF)
+        return values
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt):
+        if isinstance(prompt, list) and len(prompt) != 1:
+            raise ValueError(f"'prompt' must be one string (or a list of exactly one), got a list of {len(prompt)}")
+        text = prompt if isinstance(prompt, str) else prompt[0]
+        if not text:
+            raise ValueError("'prompt' is empty: send at least one character")
+        return prompt
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+# ------------------------------------------------------------------------------------------------- responses
+
+FinishReason = Literal["stop", "length"]
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                   total_tokens=prompt_tokens + completion_tokens)
+
+
+class AssistantMessage(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: None = None
+
+
+class ChatChoice(_Response):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: None = None
+
+
+class Delta(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_Response):
+    index: int = 0
+    delta: Delta
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    system_fingerprint: None = None
+
+
+class CompletionChoice(_Response):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason | None
+
+
+class TextCompletion(_Response):
+    """A completion and each of its streamed chunks alike: OpenAI uses one ``text_completion`` object for both."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: None = None
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "triton-llm-stack"
+    max_model_len: int  # vLLM's name for the context length (prompt + completion tokens)
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,367 @@
+"""Routes of the OpenAI front door, and the ASGI layer in front of them: API keys, drain, metrics.
+
+A request's life: the ``FrontDoor`` middleware checks the key (constant-time) and the drain, counts it in flight;
+the route parses the body strictly (protocol.py), checks the model id, and runs the request on the ensemble
+through the project's asyncio gRPC client in a task of its own (streaming.py says why). A streamed request waits
+for Triton's first answer before it sends headers, so an error the engine finds before the first token (a prompt
+too long, a full queue) still gets its own status; later errors arrive as an SSE error event before ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from client import SamplingParams
+from serving.openai.backend import COMPLETIONS_DEFAULT_MAX_TOKENS, Backend, ModelInfo
+from serving.openai.errors import OpenAIError, bad_request, context_length_exceeded, from_triton, from_validation, \
+    unavailable
+from serving.openai.metrics import FrontDoorMetrics
+from serving.openai.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
+                                     ChatCompletionChunk, ChatCompletionRequest, CompletionChoice, CompletionRequest,
+                                     Delta, ModelCard, ModelList, TextCompletion, Usage)
+from serving.openai.streaming import ClientGone, Generation, StopTrimmer, Tasks, unless_disconnected
+
+OPEN_PATHS = frozenset({"/health", "/health/live"})  # no API key: probes
+UNCOUNTED_PATHS = OPEN_PATHS | {"/metrics"}  # still answered while draining, not waited for
+ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/health/live", "/metrics"})
+MAX_BODY_BYTES = 8 * 2**20
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class FrontDoor:
+    """The state one front-door process shares: its Triton backend, keys, drain flag, requests in flight."""
+
+    def __init__(self, triton_url: str, served_model_name: str | None = None, api_keys: Sequence[str] = (),
+                 drain_timeout_s: float = 30.0):
+        self.triton_url = triton_url
+        self.served_model_name = served_model_name
+        self._keys = [k.encode() for k in api_keys if k]
+        self.drain_timeout_s = drain_timeout_s
+        self.metrics = FrontDoorMetrics()
+        self.tasks = Tasks()
+        self.backend: Backend | None = None
+        self.draining = False
+        self.in_flight = 0
+        self._info_task: asyncio.Task | None = None
+
+    # ---- lifecycle (inside the serving event loop)
+    async def start(self) -> None:
+        self.backend = Backend(self.triton_url, self.served_model_name)
+        self._info_task = asyncio.ensure_future(self.backend.wait_info())
+
+    async def model_info(self) -> ModelInfo:
+        """Waits until Triton has loaded the models (the CLI announces readiness after this)."""
+        assert self._info_task is not None, "start() first"
+        return await asyncio.shield(self._info_task)
+
+    async def stop(self) -> None:
+        if self._info_task is not None:
+            self._info_task.cancel()
+        await self.tasks.cancel_all(timeout_s=5.0)  # every gRPC call read to its end before the channel closes
+        if self.backend is not None:
+            await self.backend.close()
+
+    async def drain(self) -> None:
+        """Refuse new requests (503), then wait until those in flight are done or the drain timeout passes."""
+        self.draining = True
+        deadline = time.monotonic() + self.drain_timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    # ---- per request
+    def authorized(self, authorization: bytes | None) -> bool:
+        if not self._keys:
+            return True
+        scheme, _, token = (authorization or b"").partition(b" ")
+        ok = False
+        for key in self._keys:  # every key compared, constant time each: no early exit to time
+            ok |= hmac.compare_digest(token.strip(), key)
+        return ok and scheme.lower() == b"bearer"
+
+    def info(self) -> ModelInfo:
+        if self.backend is None or self.backend.info is None:
+            raise unavailable("The model server is starting: the model is not loaded yet", "starting")
+        return self.backend.info
+
+
+class FrontDoorMiddleware:
+    """Pure ASGI (no per-request task): keys, drain, in-flight count and the request metrics."""
+
+    def __init__(self, app, front: FrontDoor):
+        self.app = app
+        self.front = front
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        route = path if path in ROUTES else ("/v1/models/{model}" if path.startswith("/v1/models/") else "other")
+        front, metrics, start = self.front, self.front.metrics, time.perf_counter()
+        status, sse, first_body = 0, False, None
+
+        async def send_observed(message):
+            nonlocal status, sse, first_body
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in message["headers"])
+            elif message["type"] == "http.response.body" and first_body is None and message.get("body"):
+                first_body = time.perf_counter()
+            await send(message)
+
+        counted = path not in UNCOUNTED_PATHS
+        try:
+            if path not in OPEN_PATHS and not front.authorized(dict(scope["headers"]).get(b"authorization")):
+                error = OpenAIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                return await error.response()(scope, receive, send_observed)
+            if front.draining and counted:
+                error = unavailable("The server is shutting down and accepts no new requests; retry on another "
+                                    "replica", "draining")
+                error.headers["Connection"] = "close"
+                return await error.response()(scope, receive, send_observed)
+            if counted:
+                front.in_flight += 1
+                metrics.in_flight.inc()
+            try:
+                await self.app(scope, receive, send_observed)
+            finally:
+                if counted:
+                    front.in_flight -= 1
+                    metrics.in_flight.dec()
+        finally:
+            end = time.perf_counter()
+            metrics.requests.labels(route, str(status or 500)).inc()
+            metrics.latency.labels(route).observe(end - start)
+            if sse and status == 200 and first_body is not None:
+                metrics.ttft.labels(route).observe(first_body - start)
+
+
+# ------------------------------------------------------------------------------------------------------ helpers
+
+async def _parse(request: Request, model: type[BaseModel]):
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise OpenAIError(413, f"The request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}",
+                          code="request_too_large")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise from_validation(exc) from None
+
+
+def _sampling(req: ChatCompletionRequest | CompletionRequest, info: ModelInfo,
+              default_max_tokens: int) -> SamplingParams:
+    if req.model != info.id:
+        raise OpenAIError(404, f"The model '{req.model}' does not exist; this server serves '{info.id}'",
+                          param="model", code="model_not_found")
+    max_tokens = req.requested_max_tokens
+    param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    elif max_tokens >= info.max_seq_len:
+        raise context_length_exceeded(f"This model's maximum context length is {info.max_seq_len} tokens: "
+                                      f"{param}={max_tokens} leaves no room for a prompt", param)
+    seed = None if req.seed is None else req.seed % 2**64  # OpenAI's int64 seed as the engine's uint64
+    return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=seed,
+                          stop=req.stop_words)
+
+
+def _finish_reason(engine_reason: str, trimmer: StopTrimmer) -> str:
+    if trimmer.stopped:
+        return "stop"
+    if engine_reason in ("stop", "length"):
+        return engine_reason
+    raise OpenAIError(503, f"The model server ended the request early (finish_reason {engine_reason!r})",
+                      code="cancelled")
+
+
+def _sse(obj: BaseModel | dict) -> str:
+    data = obj.model_dump_json() if isinstance(obj, BaseModel) else json.dumps(obj, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+class _Kind:
+    """What differs between chat and completions: the request type, ids, and the shape of a choice."""
+
+    def __init__(self, chat: bool):
+        self.chat = chat
+        self.prompt_param = "messages" if chat else "prompt"
+        self.id_prefix = "chatcmpl-" if chat else "cmpl-"
+
+
+CHAT, COMPLETIONS = _Kind(True), _Kind(False)
+
+
+# ------------------------------------------------------------------------------------------------------- the app
+
+def create_app(front: FrontDoor) -> FastAPI:
+    async def lifespan(_app):
+        await front.start()
+        yield
+        await front.stop()
+
+    app = FastAPI(title="triton-llm-stack OpenAI front door", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_request, exc: OpenAIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request, exc: RequestValidationError):  # FastAPI's 422, as OpenAI's 400
+        errors = exc.errors()
+        loc = ".".join(str(p) for p in errors[0]["loc"]) if errors else None
+        return bad_request(f"Invalid request: {errors[0]['msg'] if errors else exc}", param=loc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            return OpenAIError(404, f"Unknown request URL: {request.method} {request.url.path}",
+                               code="unknown_url").response()
+        if exc.status_code == 405:
+            return OpenAIError(405, f"Method {request.method} is not allowed for {request.url.path}",
+                               code="method_not_allowed").response()
+        return OpenAIError(exc.status_code, str(exc.detail)).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request, exc: Exception):
+        return OpenAIError(500, f"Internal error: {type(exc).__name__}: {exc}", code="internal_error").response()
+
+    @app.get("/health/live")
+    async def live():
+        return {"status": "live"}
+
+    @app.get("/health")
+    async def health():
+        if front.draining:
+            return unavailable("The server is shutting down", "draining").response()
+        if front.backend is None or not await front.backend.ready():
+            return unavailable("The model server is not ready", "starting").response()
+        return {"status": "ready", "model": front.backend.info.id}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(front.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def card(info: ModelInfo) -> ModelCard:
+        return ModelCard(id=info.id, created=info.created, max_model_len=info.max_seq_len)
+
+    @app.get("/v1/models")
+    async def models():
+        return JSONResponse(ModelList(data=[card(front.info())]).model_dump())
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        info = front.info()
+        if model != info.id:
+            raise OpenAIError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+        return JSONResponse(card(info).model_dump())
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = await _parse(request, ChatCompletionRequest)
+        info = front.info()
+        params = _sampling(req, info, info.chat_default_max_tokens)
+        messages = [m.plain() for m in req.messages]
+        return await _generate(request, CHAT, req, info, params, messages)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = await _parse(request, CompletionRequest)
+        info = front.info()
+        params = _sampling(req, info, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        return await _generate(request, COMPLETIONS, req, info, params, req.text)
+
+    async def _generate(request: Request, kind: _Kind, req, info: ModelInfo, params: SamplingParams, prompt):
+        client = front.backend.client
+        request_id = kind.id_prefix + uuid.uuid4().hex
+        created = int(time.time())
+        trimmer = StopTrimmer(params.stop)
+        if not req.stream:
+            work = front.tasks.start(client.chat(prompt, params) if kind.chat else client.generate(prompt, params))
+            try:
+                completion = await unless_disconnected(work, request.receive)
+            except ClientGone:
+                return Response(status_code=499)  # nobody reads it; the Triton request is cancelled
+            except Exception as exc:  # noqa: BLE001 - every Triton failure gets its status
+                raise from_triton(exc, kind.prompt_param) from None
+            text = trimmer.trim(completion.text)
+            usage = Usage.of(completion.num_input_tokens, completion.num_output_tokens)
+            _count_tokens(usage)
+            reason = _finish_reason(completion.finish_reason, trimmer)
+            if kind.chat:
+                body = ChatCompletion(id=request_id, created=created, model=info.id, usage=usage, choices=[
+                    ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)])
+            else:
+                body = TextCompletion(id=request_id, created=created, model=info.id, usage=usage, choices=[
+                    CompletionChoice(text=text, finish_reason=reason)])
+            return Response(body.model_dump_json(), media_type="application/json")
+
+        stream = client.stream_chat(prompt, params) if kind.chat else client.stream(prompt, params)
+        generation = Generation(stream, front.tasks)
+        first = asyncio.ensure_future(generation.next())
+        try:
+            first_delta = await unless_disconnected(first, request.receive)
+        except ClientGone:
+            generation.abandon()
+            return Response(status_code=499)
+        except Exception as exc:  # noqa: BLE001 - an error before the first token keeps its HTTP status
+            generation.abandon()
+            raise from_triton(exc, kind.prompt_param) from None
+        return StreamingResponse(_events(kind, req, info, request_id, created, generation, first_delta, trimmer),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+
+    def _chunk(kind: _Kind, request_id: str, created: int, info: ModelInfo, text: str | None = None,
+               role: bool = False, finish: str | None = None, usage: Usage | None = None, no_choice: bool = False):
+        if kind.chat:
+            choices = [] if no_choice else [ChatChunkChoice(delta=Delta(role="assistant" if role else None,
+                                                                        content=text), finish_reason=finish)]
+            return ChatCompletionChunk(id=request_id, created=created, model=info.id, choices=choices, usage=usage)
+        choices = [] if no_choice else [CompletionChoice(text=text or "", finish_reason=finish)]
+        return TextCompletion(id=request_id, created=created, model=info.id, choices=choices, usage=usage)
+
+    async def _events(kind: _Kind, req, info: ModelInfo, request_id: str, created: int, generation: Generation,
+                      first_delta: str | None, trimmer: StopTrimmer) -> AsyncIterator[str]:
+        def chunk(**fields) -> str:
+            return _sse(_chunk(kind, request_id, created, info, **fields))
+
+        try:
+            if kind.chat:
+                yield chunk(text="", role=True)
+            delta = first_delta
+            while delta is not None:
+                if text := trimmer.feed(delta):
+                    yield chunk(text=text)
+                delta = await generation.next()
+            if text := trimmer.flush():
+                yield chunk(text=text)
+            completion = generation.completion
+            reason = _finish_reason(completion.finish_reason, trimmer)
+            yield chunk(text=None if kind.chat else "", finish=reason)
+            usage = Usage.of(completion.num_input_tokens, completion.num_output_tokens)
+            _count_tokens(usage)
+            if req.include_usage:
+                yield chunk(usage=usage, no_choice=True)
+        except Exception as exc:  # noqa: BLE001 - after the headers, an error is an SSE event before [DONE]
+            error = exc if isinstance(exc, OpenAIError) else from_triton(exc, kind.prompt_param)
+            yield _sse(error.body())
+        finally:
+            generation.abandon()  # no-op once finished; on a disconnect, cancels the Triton request
+        yield "data: [DONE]\n\n"
+
+    def _count_tokens(usage: Usage) -> None:
+        front.metrics.prompt_tokens.inc(usage.prompt_tokens)
+        front.metrics.completion_tokens.inc(usage.completion_tokens)
+
+    return FrontDoorMiddleware(app, front)

@@ -1,0 +1,151 @@
+"""A Triton request as a task the HTTP side can abandon, and OpenAI's stop-string semantics.
+
+Why a task of its own: Starlette cancels a streaming response through an anyio cancel scope, which cancels
+again at every ``await`` inside it, so a generator's cleanup there could not send the llm its ``stop`` or read
+the gRPC call to its end. The request runs in a plain asyncio task instead; abandoning it is ``task.cancel()``
+(synchronous), and the client's own cleanup (client/aio.py: cancel the call, send ``stop``, read every call to its
+end — an abandoned call stalls Triton 2.51's shutdown, docs/reliability.md B5) runs to completion in that task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from client import AsyncTextStream, Completion
+
+T = TypeVar("T")
+_END = object()
+
+
+class Tasks:
+    """Every Triton request in flight, so shutdown can wait for their cleanup before closing the channel."""
+
+    def __init__(self):
+        self._tasks: set[asyncio.Task] = set()
+
+    def start(self, coro: Awaitable[T]) -> asyncio.Task[T]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def cancel_all(self, timeout_s: float) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
+
+class Generation:
+    """One streamed request: text deltas pumped from the gRPC stream into a queue by a task of its own."""
+
+    def __init__(self, stream: AsyncTextStream, tasks: Tasks):
+        self.stream = stream
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._task = tasks.start(self._pump())
+
+    async def _pump(self) -> None:
+        try:
+            async for delta in self.stream:
+                self._queue.put_nowait(delta)
+            self._queue.put_nowait(_END)
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, who turns it into an HTTP error
+            self._queue.put_nowait(exc)
+
+    async def next(self) -> str | None:
+        """The next text delta; None at the end; raises the request's error."""
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # idempotent end
+            return None
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    async def deltas(self) -> AsyncIterator[str]:
+        while (delta := await self.next()) is not None:
+            yield delta
+
+    @property
+    def completion(self) -> Completion | None:
+        return self.stream.completion
+
+    def abandon(self) -> None:
+        """The HTTP client has gone: cancel the Triton request (the pump task cleans up on its own)."""
+        if not self._task.done():
+            self._task.cancel()
+
+
+async def until_disconnected(receive: Callable[[], Awaitable[dict]]) -> None:
+    """Returns when the HTTP client disconnects (call after the request body has been read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer was ready."""
+
+
+async def unless_disconnected(work: asyncio.Future[T], receive: Callable[[], Awaitable[dict]]) -> T:
+    """``work``'s result; raises ``ClientGone`` (and cancels ``work``) when the HTTP client disconnects first."""
+    watcher = asyncio.ensure_future(until_disconnected(receive))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    raise ClientGone()
+
+
+class StopTrimmer:
+    """OpenAI's stop strings: the text ends *before* the first stop string (the engine's output includes it,
+    TensorRT-LLM's behaviour). Streaming holds back a tail that could be the start of a stop string, so the
+    streamed deltas concatenate to exactly the non-streamed text."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self._pending = ""
+        self.stopped = False
+
+    def feed(self, delta: str) -> str:
+        """Text that can be sent now."""
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return delta
+        self._pending += delta
+        cut = self._first_stop(self._pending)
+        if cut is not None:
+            self.stopped = True
+            out, self._pending = self._pending[:cut], ""
+            return out
+        hold = self._partial_tail(self._pending)
+        out = self._pending[:len(self._pending) - hold]
+        self._pending = self._pending[len(out):]
+        return out
+
+    def flush(self) -> str:
+        out, self._pending = ("" if self.stopped else self._pending), ""
+        return out
+
+    def trim(self, text: str) -> str:
+        """The whole text at once (non-streamed)."""
+        return self.feed(text) + self.flush()
+
+    def _first_stop(self, text: str) -> int | None:
+        """Where the stop string that *completes* first begins: the one a streaming engine stops on."""
+        hits = [(i + len(s), i) for s in self.stops if (i := text.find(s)) >= 0]
+        return min(hits)[1] if hits else None
+
+    def _partial_tail(self, text: str) -> int:
+        longest = 0
+        for stop in self.stops:
+            for k in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:k]):
+                    longest = k
+                    break
+        return longest

@@ -1,0 +1,121 @@
+"""The front door's lifecycle: a client that goes away cancels its Triton request (streamed or not, before the
+first token too), and SIGTERM drains — open streams finish, new requests get 503, the process exits 0."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import signal
+import threading
+import time
+
+import openai
+import pytest
+import requests
+
+from serving.prometheus import scrape, total
+from tests.openai_front import FrontDoorProcess
+from tests.triton_helpers import wait_for
+
+MODEL = "tiny"
+PROMPT = "def fibonacci(n):"
+
+
+@pytest.fixture(scope="module")
+def front(triton):
+    door = FrontDoorProcess(triton.urls.grpc)
+    yield door
+    assert door.stop() == 0, "".join(door.output)
+
+
+def _engine_idle(metrics_url: str) -> bool:
+    samples = scrape(metrics_url)
+    return total(samples, "llm_engine_active_slots") == 0 and total(samples, "llm_engine_queued_requests") == 0
+
+
+def _abandon_stream(url: str) -> None:
+    """Open a stream, read its first event, hang up."""
+    with requests.post(url + "/v1/completions", stream=True, timeout=60,
+                       json={"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "stream": True}) as response:
+        assert response.status_code == 200, response.text
+        next(response.iter_lines())
+    # leaving the block closes the connection before the stream's end
+
+
+def test_fifty_abandoned_streams_free_every_slot_within_a_second(front, triton):
+    metrics = triton.urls.metrics
+    before = total(scrape(metrics), "llm_requests_finished_total", reason="cancelled")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: _abandon_stream(front.url), range(50)))
+    deadline = time.monotonic() + 1.0
+    wait_for(lambda: _engine_idle(metrics) or time.monotonic() > deadline, timeout=5, what="the engine idle")
+    assert _engine_idle(metrics), "slots still held a second after the last client hung up"
+    cancelled = wait_for(lambda: total(scrape(metrics), "llm_requests_finished_total", reason="cancelled") - before
+                         >= 40 and total(scrape(metrics), "llm_requests_finished_total", reason="cancelled") - before,
+                         timeout=5, what="the abandoned requests counted as cancelled")
+    assert cancelled <= 50
+    with openai.OpenAI(base_url=front.v1, api_key="x", max_retries=0) as sdk:  # and the server serves on
+        assert sdk.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4).usage.completion_tokens == 4
+
+
+def test_abandoned_non_streamed_request_is_cancelled(front, triton):
+    metrics = triton.urls.metrics
+    before = total(scrape(metrics), "llm_requests_finished_total", reason="cancelled")
+    for _ in range(3):
+        with pytest.raises(requests.exceptions.ReadTimeout):
+            # 240 tokens take the tiny model ~0.1 s on an idle machine: hang up well before
+            requests.post(front.v1 + "/completions", timeout=(5, 0.02),
+                          json={"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "temperature": 1.0,
+                                "seed": 1})
+    wait_for(lambda: total(scrape(metrics), "llm_requests_finished_total", reason="cancelled") >= before + 3,
+             timeout=5, what="three cancelled non-streamed requests")
+    wait_for(lambda: _engine_idle(metrics), timeout=1.5, what="slots freed")
+
+
+def test_sigterm_drains_open_streams_then_exits_zero(triton):
+    door = FrontDoorProcess(triton.urls.grpc, extra_args=("--drain-timeout", "60"))
+    results: list[tuple[str, str | None, float]] = []
+    errors: list[BaseException] = []
+
+    def stream_one():
+        try:
+            with openai.OpenAI(base_url=door.v1, api_key="x", max_retries=0, timeout=120) as sdk:
+                chunks = list(sdk.chat.completions.create(model=MODEL, max_tokens=200, stream=True,
+                                                          messages=[{"role": "user", "content": PROMPT}]))
+            reason = next(c.choices[0].finish_reason for c in reversed(chunks) if c.choices)
+            results.append(("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), reason,
+                            time.monotonic()))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=stream_one) for _ in range(16)]
+    for t in threads:
+        t.start()
+
+    def in_flight() -> float:
+        return total(scrape(door.url + "/metrics"), "openai_requests_in_flight")
+
+    wait_for(lambda: in_flight() == 16, timeout=30, what="16 streams in flight")
+    door.signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    refused = requests.post(door.v1 + "/chat/completions", timeout=10,
+                            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining", refused.text
+    assert requests.get(door.url + "/health", timeout=10).status_code == 503
+    assert requests.get(door.url + "/health/live", timeout=10).status_code == 200
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert len(results) == 16 and all(reason in ("stop", "length") for _, reason, _ in results), results
+    assert any(end > signalled for _, _, end in results), "every stream had ended before SIGTERM: nothing drained"
+    assert door.wait(timeout=30) == 0, "".join(door.output)
+    wait_for(lambda: _engine_idle(triton.urls.metrics), timeout=5, what="the engine idle after the drain")
+
+
+def test_error_after_headers_is_an_sse_event_before_done():
+    """Shape of a mid-stream error (the SDK raises openai.APIError on it): unit-level, through the ASGI app."""
+    from serving.openai.errors import queue_full
+
+    body = queue_full("x").body()
+    event = f"data: {json.dumps(body)}\n\n"
+    assert json.loads(event.removeprefix("data: "))["error"]["code"] == "queue_full"
