@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from serving.openai.errors import bad_request
 
@@ -248,6 +248,11 @@ class ChatCompletion(_Response):
 class Delta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler):
+        # OpenAI's last chunk carries "delta": {}, not nulls (strict clients compare against its stream).
+        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 class ChatChunkChoice(_Response):
