@@ -3,7 +3,7 @@
 # TensorRT-LLM / TensorRT version and GPU architecture that built them, so build and serve with this image.
 #
 #   docker build -t triton-llm-stack:gpu .
-#   docker run --rm --gpus all --shm-size=2g --stop-timeout 60 -p 8000-8002:8000-8002 \
+#   docker run --rm --gpus all --shm-size=2g --stop-timeout 90 -p 8000-8002:8000-8002 -p 9000:9000 \
 #       -v "$PWD/build/gpu/llama-fp8:/engines/llama:ro" triton-llm-stack:gpu
 #
 # Engines are mounted at /engines/llama by default (the build output directory: engine/, tokenizer/,
@@ -13,7 +13,8 @@ FROM nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# The project's tool venv (/opt/venv: builder CLI, engine check, the serve entry point) must read the version of
+# The project's tool venv (/opt/venv: builder CLI, engine check, the serve entry point and the OpenAI front door,
+# whose fastapi/uvicorn/prometheus-client come from requirements-gpu.lock too) must read the version of
 # the TensorRT-LLM this image has, and the image may keep it in the system Python or in /opt/venv-tritonserver
 # first on PATH (tensorrtllm_backend r26.07's Dockerfile). `python3 -m venv --system-site-packages` would see the
 # first and miss the second (a venv made from a venv's python is made from the base interpreter), so
@@ -33,6 +34,7 @@ RUN bash /tmp/tool_venv.sh /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps --only-binary :all: \
        -r /tmp/requirements-gpu.lock \
     && /opt/venv/bin/python -c "import tritonclient.grpc, google.protobuf, pydantic, yaml" \
+    && /opt/venv/bin/python -c "import fastapi, uvicorn, prometheus_client" \
     && /opt/venv/bin/python -c "import importlib.metadata as m; print('tensorrt_llm', m.version('tensorrt_llm'))" \
     && python3 -c "import site; open(site.getsitepackages()[0] + '/triton_llm_stack.pth', 'w').write('/opt/triton-llm-stack\\n')"
 
@@ -55,7 +57,8 @@ ENV PROJECT_ROOT=/opt/triton-llm-stack \
     HF_HOME=/tmp/hf \
     HTTP_PORT=8000 \
     GRPC_PORT=8001 \
-    METRICS_PORT=8002
+    METRICS_PORT=8002 \
+    OPENAI_PORT=9000
 
 RUN if [ "${TRTLLM_EXAMPLES}" = "download" ]; then \
       src=/opt/tensorrtllm_backend/tensorrt_llm; \
@@ -85,13 +88,18 @@ COPY --chown=1000:1000 ${BAKE_ENGINE} /engines/llama/
 # uid 1000 is the image's triton-server user.
 USER 1000
 
-EXPOSE 8000 8001 8002
+EXPOSE 8000 8001 8002 9000
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
     CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/v2/health/ready' % os.environ.get('HTTP_PORT', '8000'), timeout=4)"]
 
 # The image's entrypoint execs its arguments; `builders.trtllm serve` checks every engine's manifest against
-# this runtime and then execs tritonserver, so tritonserver is PID 1 and drains in-flight requests on SIGTERM
-# (for up to EXIT_TIMEOUT_SECS, default 30: give `docker stop` / Kubernetes a longer grace period).
+# this runtime. Then, by default, it runs tritonserver as its child and, once Triton is ready, the OpenAI-compatible
+# front door (`python -m serving openai` from /opt/venv, port OPENAI_PORT) beside it, with the CPU launcher's
+# supervisor (serving/launcher.py): SIGTERM stops the front door first (new requests get 503, open streams finish),
+# then tritonserver drains in-flight requests itself (each for up to EXIT_TIMEOUT_SECS, default 30: give `docker
+# stop` twice that plus a margin); either process dying stops the other, exit non-zero. It cannot simply exec here:
+# two processes must be stopped in order. With `--no-openai` (the Helm chart's Triton container; the front door is
+# a container of its own there) it execs tritonserver, which is then PID 1 and gets SIGTERM directly.
 ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "/opt/venv/bin/python", "-m", "builders.trtllm", "serve"]
 CMD ["--model-repository", "/engines/llama/model_repository"]

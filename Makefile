@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
-export HTTP_PORT GRPC_PORT METRICS_PORT
+OPENAI_PORT ?= 9000
+export HTTP_PORT GRPC_PORT METRICS_PORT OPENAI_PORT
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
@@ -18,7 +19,8 @@ PROFILE := builders/profiles/cpu.yaml
 .PHONY: help venv lock model engine repository serve test helm-check clean loadtest-tools benchmark bench-engine llama-cpp
 
 help:
-	@echo "make serve   build (cached) and run tritonserver: HTTP $(HTTP_PORT), gRPC $(GRPC_PORT), metrics $(METRICS_PORT)"
+	@echo "make serve   build (cached) and run tritonserver: HTTP $(HTTP_PORT), gRPC $(GRPC_PORT), metrics $(METRICS_PORT),"
+	@echo "             and the OpenAI-compatible API in front of it: http://localhost:$(OPENAI_PORT)/v1"
 	@echo "make test    the whole test suite (starts its own tritonserver on free ports)"
 	@echo "make helm-check  the Helm chart, offline: lint, render, schemas, policies, goldens"
 	@echo "make lock   regenerate the hash-pinned locks (requirements*.lock) from pyproject.toml and requirements-server.txt"

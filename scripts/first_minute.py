@@ -1,10 +1,12 @@
 """A newcomer's first minute, as a check: ``make serve``, the first request right after readiness, a clean stop.
 
 The first request after start — one chat question — is sent streamed, then non-streamed, over gRPC and over HTTP:
-every streamed answer must concatenate to its non-streamed twin byte for byte. Then the newcomer's own command,
-``python -m client chat "What is the capital of France?"``, whose answer must name Paris (``--expect``; the default
-model's greedy answer). Then SIGTERM (what Ctrl-C and Kubernetes send) must drain and stop the server with exit
-code 0. Exit code 0 when all of that holds.
+every streamed answer must concatenate to its non-streamed twin byte for byte. Then the same question through the
+OpenAI front door with the official ``openai`` SDK (issue 14's "done when"): the model id from ``/v1/models``, one
+``chat.completions.create`` and one with ``stream=True``, whose chunks must concatenate to the non-streamed
+content. Then the newcomer's own command, ``python -m client chat "What is the capital of France?"``. Both answers
+must name Paris (``--expect``; the default model's greedy answer). Then SIGTERM (what Ctrl-C and Kubernetes send)
+must stop the front door, drain and stop the server with exit code 0. Exit code 0 when all of that holds.
 
     source .venv/bin/activate && python scripts/first_minute.py     # what .ci/run does after `make test`
     .venv/bin/python scripts/first_minute.py MODEL_DIR=... ENGINE_DIR=... PROFILE=... REPOSITORY=...
@@ -40,15 +42,22 @@ class Outcome:
     pairs: dict[str, tuple[bytes, bytes]]  # transport -> (streamed, non-streamed)
     cli_answer: str  # stdout of `python -m client chat QUESTION`
     exit_code: int | None
+    openai_model: str = ""  # the id /v1/models served
+
+    @property
+    def openai_answer(self) -> str:
+        return self.pairs.get("openai", (b"", b""))[1].decode("utf-8", "replace")
 
     def ok(self, expect: str = "") -> bool:
+        answers = [self.cli_answer, self.openai_answer]
         return (self.exit_code == 0 and all(s == w and w for s, w in self.pairs.values())
-                and bool(self.cli_answer.strip()) and expect.lower() in self.cli_answer.lower())
+                and all(a.strip() and expect.lower() in a.lower() for a in answers))
 
 
-def _ready(http: str) -> bool:
+def _ready(url: str) -> bool:
+    """Triton's /v2/health/ready, or the front door's /health."""
     try:
-        with urllib.request.urlopen(f"{http}/v2/health/ready", timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=2) as r:
             return r.status == 200
     except (urllib.error.URLError, OSError):
         return False
@@ -80,6 +89,18 @@ def _grpc_pair(grpc: str) -> tuple[bytes, bytes]:
     return streamed, whole
 
 
+def _openai_pair(base_url: str) -> tuple[str, tuple[bytes, bytes]]:
+    """The official SDK, as the README shows it: the served id, then the question non-streamed and streamed."""
+    from openai import OpenAI
+
+    with OpenAI(base_url=base_url, api_key="x", timeout=120, max_retries=0) as client:
+        model = client.models.list().data[0].id
+        whole = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=MAX_TOKENS)
+        chunks = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return model, (streamed.encode("utf-8"), (whole.choices[0].message.content or "").encode("utf-8"))
+
+
 def _cli_chat(grpc: str, env: dict[str, str]) -> str:
     command = [sys.executable, "-m", "client", "chat", QUESTION, "--url", grpc, "--max-tokens", str(MAX_TOKENS)]
     done = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -106,26 +127,32 @@ def run(make_args: list[str], log: Path, env: dict[str, str] | None = None, read
     from serving.launcher import PORT_ENV, free_port
 
     ports: dict[str, str] = {}
-    for name in PORT_ENV.values():  # three distinct free ports, as the launcher picks them for port 0
+    for name in PORT_ENV.values():  # four distinct free ports, as the launcher picks them for port 0
         while (port := str(free_port())) in ports.values():
             pass
         ports[name] = port
     env.update(ports)
     http, grpc = f"http://localhost:{ports['HTTP_PORT']}", f"localhost:{ports['GRPC_PORT']}"
+    openai = f"http://localhost:{ports['OPENAI_PORT']}"
     started = time.monotonic()
     with log.open("wb") as out:
         make = subprocess.Popen(["make", "--no-print-directory", "serve", *make_args], cwd=PROJECT_ROOT, env=env,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     pairs: dict[str, tuple[bytes, bytes]] = {}
     try:
-        while not _ready(http):
-            if make.poll() is not None or time.monotonic() - started > ready_timeout:
-                raise RuntimeError(f"make serve did not become ready (exit code {make.poll()}):\n"
-                                   + log.read_text("utf-8", "replace")[-4000:])
-            time.sleep(0.02)  # the first request follows readiness as closely as a script can
+        def wait_for(url: str) -> None:
+            while not _ready(url):
+                if make.poll() is not None or time.monotonic() - started > ready_timeout:
+                    raise RuntimeError(f"make serve did not become ready (exit code {make.poll()}):\n"
+                                       + log.read_text("utf-8", "replace")[-4000:])
+                time.sleep(0.02)  # the first request follows readiness as closely as a script can
+
+        wait_for(f"{http}/v2/health/ready")
         ready_s = time.monotonic() - started
         pairs["grpc"] = _grpc_pair(grpc)
         pairs["http"] = _http_pair(http)
+        wait_for(f"{openai}/health")  # the launcher starts the front door once Triton is ready
+        openai_model, pairs["openai"] = _openai_pair(f"{openai}/v1")
         cli_answer = _cli_chat(grpc, env)
         _launcher(make).send_signal(signal.SIGTERM)
         exit_code = make.wait(120)
@@ -133,14 +160,15 @@ def run(make_args: list[str], log: Path, env: dict[str, str] | None = None, read
         if make.poll() is None:
             make.kill()
             make.wait()
-    return Outcome(ready_s, pairs, cli_answer, exit_code)
+    return Outcome(ready_s, pairs, cli_answer, exit_code, openai_model)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("make_args", nargs="*", help="variable overrides for make serve (NAME=VALUE)")
     parser.add_argument("--log", type=Path, default=PROJECT_ROOT / "build" / "first_minute.log")
-    parser.add_argument("--expect", default="Paris", help="text the CLI's chat answer must contain ('' for any)")
+    parser.add_argument("--expect", default="Paris",
+                        help="text the chat answers (OpenAI SDK, CLI) must contain ('' for any)")
     args = parser.parse_args(argv)
     args.log.parent.mkdir(parents=True, exist_ok=True)
     shell = f"venv {os.environ['VIRTUAL_ENV']} activated" if os.environ.get("VIRTUAL_ENV") else "no venv activated"
@@ -149,11 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ready after {outcome.ready_s:.1f} s")
     for transport, (streamed, whole) in outcome.pairs.items():
         verdict = "equal" if streamed == whole and whole else "DIFFERENT"
-        print(f"  first request over {transport}: streamed {verdict} to non-streamed ({len(whole)} bytes)")
+        what = "OpenAI SDK" if transport == "openai" else f"first request over {transport}"
+        print(f"  {what}: streamed {verdict} to non-streamed ({len(whole)} bytes)")
         if verdict != "equal":
             print(f"    streamed:     {streamed!r}\n    non-streamed: {whole!r}")
-    print(f"  python -m client chat {QUESTION!r}: {outcome.cli_answer.strip()!r}"
-          + ("" if args.expect.lower() in outcome.cli_answer.lower() else f" — does NOT contain {args.expect!r}"))
+    for what, answer in ((f"openai SDK, model {outcome.openai_model!r}", outcome.openai_answer),
+                         (f"python -m client chat {QUESTION!r}", outcome.cli_answer)):
+        print(f"  {what}: {answer.strip()!r}"
+              + ("" if args.expect.lower() in answer.lower() else f" — does NOT contain {args.expect!r}"))
     print(f"  SIGTERM: make serve exited with {outcome.exit_code}")
     ok = outcome.ok(args.expect)
     print("first minute: OK" if ok else "first minute: FAILED", flush=True)

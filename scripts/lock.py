@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCKS = ("requirements.lock", "requirements-server.lock", "requirements-gpu.lock")
 ENV_LOCKS = LOCKS[:2]  # what the project's venv installs; the GPU lock is the image's
 LOCK_TOOLS = ("pip",)  # locked with the project's requirements (build-system.requires come from pyproject.toml)
-GPU_LOCK_PACKAGES = ("pip", "tritonclient[grpc]", "protobuf", "pydantic", "pyyaml")
+GPU_LOCK_PACKAGES = ("pip", "tritonclient[grpc]", "protobuf", "pydantic", "pyyaml", "fastapi", "uvicorn", "httptools",
+                     "prometheus-client")
 UV_VERSION = "0.13.9"
 UV_VENV = Path("build/tools") / f"uv-{UV_VERSION}"
 WORK = Path("build/lock")  # where uv resolves, reading the committed locks there as its preferences

@@ -2,7 +2,8 @@
 
 The launcher stays the server's parent: when start-up fails it reads the server's log and says *why*
 (serving/server_log.py), and on SIGTERM it drains before it stops the server (serving/drain.py). Finding the
-server and preparing its environment is serving/triton_install.py.
+server and preparing its environment is serving/triton_install.py. ``serve`` also runs the OpenAI front door in
+front of it (serving/frontdoor_process.py): started after Triton is ready, stopped before Triton drains.
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 from serving.drain import DRAIN_FILE_ENV, drain
+from serving.frontdoor_process import FrontDoor
 from serving.server_log import diagnose
 from serving.triton_install import (PROJECT_ROOT, ServerStartError, TritonInstall, check_project_importable,
                                     find_tritonserver, server_env)
 
-PORT_ENV = {"http_port": "HTTP_PORT", "grpc_port": "GRPC_PORT", "metrics_port": "METRICS_PORT"}
+PORT_ENV = {"http_port": "HTTP_PORT", "grpc_port": "GRPC_PORT", "metrics_port": "METRICS_PORT",
+            "openai_port": "OPENAI_PORT"}
+DEFAULT_OPENAI_PORT = 9000
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 # APIs that can change what is served or map client memory: usable only with the admin-key header.
 RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
@@ -51,6 +55,7 @@ class ServerConfig:
     http_port: int = 8000  # 0 = pick a free port at start
     grpc_port: int = 8001
     metrics_port: int = 8002
+    openai_port: int | None = None  # the OpenAI front door's port (None: no front door; the launcher's CLI sets it)
     exit_timeout_secs: int = 30  # how long accepted requests may run once a stop is asked for
     drain: bool = True  # the launcher drains before SIGTERM (False: tritonserver gets SIGTERM itself, e.g. as PID 1)
     log_verbose: int = 0
@@ -59,7 +64,7 @@ class ServerConfig:
 
     @classmethod
     def from_env(cls, model_repository: Path | str, **overrides) -> ServerConfig:
-        """Ports from HTTP_PORT / GRPC_PORT / METRICS_PORT when set; explicit overrides win."""
+        """Ports from HTTP_PORT / GRPC_PORT / METRICS_PORT / OPENAI_PORT when set; explicit overrides win."""
         ports = {k: int(os.environ[v]) for k, v in PORT_ENV.items() if os.environ.get(v)}
         ports.update({k: v for k, v in overrides.items() if v is not None})
         return cls(model_repository=Path(model_repository), **ports)
@@ -81,6 +86,8 @@ def check_ports(config: ServerConfig) -> None:
     seen: dict[int, str] = {}
     for name, env in PORT_ENV.items():
         port = getattr(config, name)
+        if port is None:  # no front door
+            continue
         if port in seen:
             raise ServerStartError(f"port {port} is used for both {seen[port]} and {env}")
         seen[port] = env
@@ -154,7 +161,7 @@ class TritonServer:
         if self.process is not None:
             raise RuntimeError("server already started")
         # Port 0 = any free port (tests); resolved here so .urls and the command agree.
-        chosen = {getattr(self.config, k) for k in PORT_ENV}
+        chosen = {getattr(self.config, k) for k in PORT_ENV} - {None}
         for name in PORT_ENV:
             if getattr(self.config, name) == 0:
                 while (port := free_port()) in chosen:
@@ -165,11 +172,7 @@ class TritonServer:
         if not repo.is_dir():
             raise ServerStartError(f"model repository {repo} does not exist (build it first)")
         check_ports(self.config)
-        self.install = self.install or find_tritonserver()
-        self.admin_key = self.admin_key or secrets.token_urlsafe(24)  # never printed
-        cmd = build_command(self.config, self.install, self.admin_key)
-        env = server_env(self.install)
-        check_project_importable(env)
+        cmd, env = self.prepare()
         if self.config.drain:  # one per server: the models' stubs stat() it before taking a request
             self.drain_file = Path(tempfile.mkdtemp(prefix="triton-llm-drain-")) / "draining"
             env[DRAIN_FILE_ENV] = str(self.drain_file)
@@ -187,6 +190,14 @@ class TritonServer:
             # Echo the log to our stdout and keep a tail of it for diagnosis.
             self._echo = threading.Thread(target=self._pump, name="tritonserver-log", daemon=True)
             self._echo.start()
+
+    def prepare(self) -> tuple[list[str], dict[str, str]]:
+        """The command and environment of the process to run (the GPU entry point runs its own, mpirun included)."""
+        self.install = self.install or find_tritonserver()
+        self.admin_key = self.admin_key or secrets.token_urlsafe(24)  # never printed
+        env = server_env(self.install)
+        check_project_importable(env)
+        return build_command(self.config, self.install, self.admin_key), env
 
     def _pump(self) -> None:
         assert self.process is not None and self.process.stdout is not None
@@ -206,7 +217,8 @@ class TritonServer:
             print(text, flush=True)
 
     def port_names(self) -> dict[int, str]:
-        return {getattr(self.config, name): env for name, env in PORT_ENV.items()}
+        return {getattr(self.config, name): env for name, env in PORT_ENV.items()
+                if getattr(self.config, name) is not None}
 
     def log_text(self) -> str:
         if self.config.log_file is not None and Path(self.config.log_file).exists():
@@ -315,10 +327,14 @@ def main(argv: list[str] | None = None) -> int:
                            epilog="Arguments after '--' are passed to tritonserver unchanged.")
     serve.add_argument("--model-repository", type=Path, default=PROJECT_ROOT / "build" / "model_repository")
     for name, env in PORT_ENV.items():
-        serve.add_argument(f"--{name.replace('_', '-')}", type=int, help=f"default: ${env} or the Triton default")
+        default = DEFAULT_OPENAI_PORT if name == "openai_port" else "the Triton default"
+        serve.add_argument(f"--{name.replace('_', '-')}", type=int, help=f"default: ${env} or {default}")
     serve.add_argument("--exit-timeout-secs", type=int, default=30)
     serve.add_argument("--log-verbose", type=int, default=0)
     serve.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
+    serve.add_argument("--no-openai", action="store_true",
+                       help="run tritonserver alone, without the OpenAI front door (Kubernetes runs the front door "
+                            "in a container of its own)")
     args = parser.parse_args(argv)
     if engines := tensorrt_llm_models(args.model_repository):
         print(f"serving: {', '.join(engines)} runs TensorRT-LLM engines: serve GPU repositories with "
@@ -327,19 +343,39 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     try:
-        config = ServerConfig.from_env(args.model_repository, http_port=args.http_port,
-                                       grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+        config = ServerConfig.from_env(args.model_repository, http_port=args.http_port, grpc_port=args.grpc_port,
+                                       metrics_port=args.metrics_port, openai_port=args.openai_port)
     except ValueError as e:
         parser.error(f"bad port in environment: {e}")
+    config.openai_port = None if args.no_openai else (
+        DEFAULT_OPENAI_PORT if config.openai_port is None else config.openai_port)
     config.exit_timeout_secs, config.log_verbose, config.extra_args = (
         args.exit_timeout_secs, args.log_verbose, extra)
     server = TritonServer(config, ready_timeout=args.ready_timeout)
+    return serve_until_stopped(server, args.ready_timeout)
+
+
+def serve_until_stopped(server: TritonServer, ready_timeout: float) -> int:
+    """Start Triton, then the front door (if the config has a port); serve until SIGTERM/SIGINT or until either
+    process dies. Stop order: the front door first (it finishes its open streams), then Triton's drain."""
+    front: FrontDoor | None = None
+    stopping = threading.Event()
+
+    def stop_all() -> None:
+        if front is not None:
+            front.stop()
+        server.terminate()
 
     def forward(signum: int, _frame: object) -> None:
-        # First signal: drain, then let tritonserver exit. A second one: the user wants out now.
-        if server.stop_requested and server.process is not None:
-            server.process.kill()
-        server.terminate()
+        if stopping.is_set():  # a second signal: the user wants out now
+            if front is not None:
+                front.kill()
+            if server.process is not None:
+                server.process.kill()
+            return
+        stopping.set()
+        server.stop_requested = True  # wait_ready() reports a stop during start-up as a stop, not a failure
+        threading.Thread(target=stop_all, name="stop", daemon=True).start()
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
@@ -348,12 +384,45 @@ def main(argv: list[str] | None = None) -> int:
         server.wait_ready()
     except ServerStartError as e:
         if server.stop_requested:  # stopped by the user during start-up: not a failure to diagnose
-            return _exit_code(server.returncode)
+            return _wait_exit(server)
         print(f"serving: failed to start tritonserver: {e}", file=sys.stderr, flush=True)
         return 1
     u = server.urls
-    server.say(f"ready: HTTP {u.http}, gRPC {u.grpc}, metrics {u.metrics}")
+    if server.config.openai_port is not None:
+        front = FrontDoor(u.grpc, server.config.openai_port, server.config.exit_timeout_secs, say=server.say)
+        try:
+            if front.start():
+                front.wait_ready(ready_timeout, triton_alive=lambda: server.returncode is None)
+        except ServerStartError as e:
+            server.say(f"serving: failed to start the OpenAI front door: {e}; stopping tritonserver")
+            front.kill()
+            server.stop()
+            return 1
+    if not stopping.is_set():
+        openai = f", OpenAI {front.url}/v1" if front is not None else ""
+        server.say(f"ready: HTTP {u.http}, gRPC {u.grpc}, metrics {u.metrics}{openai}")
     assert server.process is not None
+    failed = False
+    while server.process.poll() is None:  # a child that dies on its own stops the whole server, loudly
+        if front is not None and front.returncode is not None and not front.stopping:
+            server.say(f"serving: the OpenAI front door exited on its own with code {front.returncode}; "
+                       "stopping tritonserver")
+            failed = True
+            forward(signal.SIGTERM, None)
+        time.sleep(0.2)
+    if front is not None and not front.stopping:
+        server.say(f"serving: tritonserver exited on its own with code {server.returncode}; "
+                   "stopping the OpenAI front door")
+        failed = True
+        front.stop()
+    rc = _wait_exit(server)
+    front_rc = front.stop() if front is not None else 0  # already stopped: returns its exit code
+    return rc or (_exit_code(front_rc) if front_rc else 0) or (1 if failed else 0)
+
+
+def _wait_exit(server: TritonServer) -> int:
+    if server.process is None:
+        return 1
     server.process.wait()
     if server._echo is not None:
         server._echo.join(timeout=5)

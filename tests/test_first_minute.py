@@ -1,6 +1,7 @@
 """`make serve` as a newcomer runs it — the real Makefile target — from a plain shell, an activated venv and
 with another Python first on PATH: ready, the first request streamed equals its non-streamed twin over gRPC
-and HTTP, and SIGTERM stops it with exit code 0 (scripts/first_minute.py; .ci/run runs it on the real model).
+and HTTP and through the OpenAI front door with the `openai` SDK, and SIGTERM stops both with exit code 0
+(scripts/first_minute.py; .ci/run runs it on the real model).
 
 The test's tiny model stands in for the default one through make's own variables, so nothing is trained here.
 """
@@ -41,8 +42,12 @@ def _shell(kind: str, tmp_path: Path) -> dict[str, str]:
 def test_make_serve_then_the_first_request(make_args, tmp_path, kind):
     outcome = first_minute.run(make_args, tmp_path / "make-serve.log", env=_shell(kind, tmp_path), ready_timeout=300)
     log = (tmp_path / "make-serve.log").read_text("utf-8", "replace")
-    assert set(outcome.pairs) == {"grpc", "http"}
+    assert set(outcome.pairs) == {"grpc", "http", "openai"}
+    assert outcome.openai_model
     for transport, (streamed, whole) in outcome.pairs.items():
         assert whole and streamed == whole, (transport, streamed, whole)
     assert outcome.exit_code == 0, log[-3000:]
     assert "the launcher's interpreter" in log and "drain finished" in log
+    assert "openai front door ready on" in log
+    # Stop order: the front door finishes its streams before Triton's drain starts.
+    assert log.index("OpenAI http://localhost:") < log.index("draining: new requests are refused")

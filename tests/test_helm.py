@@ -580,7 +580,8 @@ def test_policies(rendered, profile):
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert np["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     ingress = np["spec"]["ingress"]
-    serving = next(r for r in ingress if {p["port"] for p in r["ports"]} == {"http", "grpc"})
+    serving_ports = {"http", "grpc"} | ({"openai"} if values["openai"]["enabled"] else set())
+    serving = next(r for r in ingress if {p["port"] for p in r["ports"]} == serving_ports)
     metrics = next(r for r in ingress if {p["port"] for p in r["ports"]} == {"metrics"})
     assert serving["from"]
     assert metrics["from"] and all(peer.get("podSelector", {}).get("matchLabels") for peer in metrics["from"])
@@ -601,6 +602,49 @@ def test_policies(rendered, profile):
         term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         expr = term["nodeSelectorTerms"][0]["matchExpressions"][0]
         assert expr["key"] == "nvidia.com/gpu.product" and expr["values"] == values["gpu"]["products"]
+
+
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_openai_front_door_is_its_own_container(rendered, profile):
+    """Issue 14: the front door runs beside Triton in the pod (same image, talking gRPC over localhost), with its
+    own probes (ready only when Triton is), resources and preStop; the Triton container never starts one itself;
+    the Service and NetworkPolicy open its port; its API key comes from a Secret, and helm test sends it."""
+    values = load_values(profile)
+    docs = docs_of(rendered[profile])
+    spec = one(docs, "Deployment")["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    assert "--no-openai" in containers["triton"]["args"][:containers["triton"]["args"].index("--")]
+    oa, port = values["openai"], values["ports"]["openai"]
+    service_ports = {p["name"]: p for p in one(docs, "Service")["spec"]["ports"]}
+    if not oa["enabled"]:
+        assert set(containers) == {"triton"} and "openai" not in service_ports
+        return
+    front = containers["openai"]
+    python = oa["python"] or ("/opt/venv/bin/python" if values["target"] == "gpu" else "python")
+    assert front["image"] == containers["triton"]["image"]
+    assert front["command"][:4] == [python, "-m", "serving", "openai"]
+    assert f"--triton=localhost:{values['ports']['grpc']}" in front["command"]
+    assert f"--port={port}" in front["command"]
+    assert f"--drain-timeout={values['drain']['exitTimeoutSeconds']}" in front["command"]
+    assert front["ports"] == [{"name": "openai", "containerPort": port, "protocol": "TCP"}]
+    assert front["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
+    assert front["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "openai"}
+    assert front["lifecycle"] == containers["triton"]["lifecycle"]  # both keep serving while endpoints go away
+    assert front["resources"]["limits"] == {"cpu": oa["resources"]["cpu"], "memory": oa["resources"]["memory"]}
+    assert service_ports["openai"]["port"] == port and service_ports["openai"]["targetPort"] == "openai"
+    key_env = [e for e in front["env"] if e["name"] == "LLM_API_KEY"]
+    test_pod = next((t for t in by_kind(docs, "Pod") if t["metadata"]["name"].endswith("-test-openai-chat")), None)
+    assert (test_pod is not None) == (values["tests"]["enabled"] and values["tests"]["openaiChat"])
+    if oa["apiKey"]["enabled"]:
+        ref = key_env[0]["valueFrom"]["secretKeyRef"]
+        assert ref["key"] == oa["apiKey"]["existingSecretKey"]
+        if not oa["apiKey"]["existingSecret"]:
+            assert one(docs, "Secret", ref["name"])["data"][ref["key"]]
+        if test_pod is not None:
+            test_env = test_pod["spec"]["containers"][0]["env"]
+            assert next(e for e in test_env if e["name"] == "LLM_API_KEY")["valueFrom"]["secretKeyRef"] == ref
+    else:
+        assert key_env == []
 
 
 def test_engine_storage_options(rendered):
@@ -717,7 +761,7 @@ def normalise(text: str) -> str:
 
     docs = docs_of(text)
     for d in docs:
-        if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-admin-key"):
+        if d["kind"] == "Secret" and d["metadata"]["name"].endswith(("-admin-key", "-openai-api-key")):
             d["data"] = {k: "<random at install, kept across upgrades>" for k in d["data"]}
         if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scripts"):
             d["data"] = {k: "sha256:" + hashlib.sha256(v.encode()).hexdigest() for k, v in d["data"].items()}

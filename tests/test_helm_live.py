@@ -22,6 +22,7 @@ from serving.launcher import free_port
 from test_helm import FILES, ROOT, docs_of, helm_bin, helm_env, one, profile_file, template  # noqa: F401 (fixtures)
 
 ADMIN_KEY = "chart-test-admin-key"
+API_KEY = "chart-test-api-key"
 
 
 def _status(url: str, headers: dict[str, str] | None = None) -> int:
@@ -68,7 +69,7 @@ def chart_server(helm_bin, helm_env, model_repository, tmp_path_factory):
     pre_stop = int(server["lifecycle"]["preStop"]["exec"]["command"][1])
     try:
         yield {"proc": proc, "http": http, "grpc": f"127.0.0.1:{ports['GRPC_PORT']}", "log": log,
-               "drain_budget": grace - pre_stop}
+               "drain_budget": grace - pre_stop, "pod": pod}
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -91,6 +92,54 @@ def test_helm_test_grpc_stream(chart_server):
     proc = _helm_check("grpc-stream", f"--grpc={chart_server['grpc']}", "--prompt=def f():", "--max-tokens=8",
                        f"--client-python={sys.executable}")
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.fixture
+def chart_front_door(chart_server, tmp_path):
+    """The chart's `openai` container, run for real: its command (the image's python -> this interpreter, the
+    gRPC and OpenAI ports -> free local ones) and LLM_API_KEY, which the secretKeyRef provides in the cluster."""
+    front = next(c for c in chart_server["pod"]["containers"] if c["name"] == "openai")
+    port = free_port()
+    grpc_port = chart_server["grpc"].rsplit(":", 1)[1]
+    command = [sys.executable] + [
+        f"--triton=localhost:{grpc_port}" if a.startswith("--triton=") else f"--port={port}" if a.startswith("--port=")
+        else a for a in front["command"][1:]]
+    assert command[1:4] == ["-m", "serving", "openai"]
+    env = dict(os.environ, LLM_API_KEY=API_KEY)
+    env.update({e["name"]: e["value"] for e in front["env"] if "value" in e})
+    log = tmp_path / "front-door.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    probe = front["readinessProbe"]["httpGet"]["path"]
+    deadline = time.monotonic() + 120
+    while _status(f"http://127.0.0.1:{port}{probe}") != 200:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the chart's front door did not become ready:\n{log.read_text()[-3000:]}", pytrace=False)
+        time.sleep(0.3)
+    try:
+        yield {"proc": proc, "openai": f"127.0.0.1:{port}", "log": log}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_helm_test_openai_chat_through_the_chart_front_door(chart_front_door):
+    """helm test's `openai-chat` check against the chart's two containers; without the key it is refused (401),
+    with the Secret's key it gets a chat completion; SIGTERM (what the kubelet sends) stops the front door with 0."""
+    args = ["openai-chat", f"--openai={chart_front_door['openai']}", "--max-tokens=8", "--expect="]
+    proc = subprocess.run([sys.executable, "-B", str(FILES / "helm_test.py"), *args], capture_output=True, text=True,
+                          timeout=180, cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "LLM_API_KEY"})
+    assert proc.returncode == 1 and "401" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-B", str(FILES / "helm_test.py"), *args], capture_output=True, text=True,
+                          timeout=180, cwd=ROOT, env=dict(os.environ, LLM_API_KEY=f"{API_KEY},another-key"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("OK openai-chat:") and "model " in proc.stdout
+    front = chart_front_door["proc"]
+    front.send_signal(signal.SIGTERM)
+    assert front.wait(60) == 0, chart_front_door["log"].read_text()[-2000:]
 
 
 def test_helm_test_check_fails_readably_when_nothing_listens():

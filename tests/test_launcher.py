@@ -134,8 +134,11 @@ def test_ports_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("HTTP_PORT", "18000")
     monkeypatch.setenv("GRPC_PORT", "18001")
     monkeypatch.delenv("METRICS_PORT", raising=False)
+    monkeypatch.setenv("OPENAI_PORT", "19000")
     cfg = ServerConfig.from_env("repo", grpc_port=19001)
-    assert (cfg.http_port, cfg.grpc_port, cfg.metrics_port) == (18000, 19001, 8002)
+    assert (cfg.http_port, cfg.grpc_port, cfg.metrics_port, cfg.openai_port) == (18000, 19001, 8002, 19000)
+    monkeypatch.delenv("OPENAI_PORT")
+    assert ServerConfig.from_env("repo").openai_port is None  # no front door unless asked (the CLI defaults to 9000)
 
 
 def test_serves_a_python_model_and_stops_cleanly(install, good_repo, tmp_path):
@@ -208,28 +211,75 @@ def test_model_status_table_is_parsed():
     assert "llm" not in text
 
 
-def _cli(repo: Path, tmp_path: Path, ports: list[int]) -> tuple[subprocess.Popen, Path]:
+def _cli(repo: Path, tmp_path: Path, ports: list[int], openai: bool = False) -> tuple[subprocess.Popen, Path]:
+    """``python -m serving serve``; ``openai``: with the front door on ports[3] (it needs the stack's ensemble)."""
     out = tmp_path / "cli.out"
     env = dict(os.environ, HTTP_PORT=str(ports[0]), GRPC_PORT=str(ports[1]), METRICS_PORT=str(ports[2]))
+    env.pop("OPENAI_PORT", None)
+    if openai:
+        env["OPENAI_PORT"] = str(ports[3])
     proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--model-repository", str(repo),
-                             "--exit-timeout-secs", "5"], cwd=PROJECT_ROOT, env=env,
-                            stdout=out.open("wb"), stderr=subprocess.STDOUT)
+                             "--exit-timeout-secs", "5", *([] if openai else ["--no-openai"])], cwd=PROJECT_ROOT,
+                            env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT)
     return proc, out
+
+
+def _wait_for_line(proc: subprocess.Popen, out: Path, prefix: str, timeout: float = 180) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while f"\n{prefix}" not in "\n" + out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [ln for ln in out.read_text().splitlines() if ln.startswith(prefix)]
 
 
 def test_cli_serves_until_sigterm(install, good_repo, tmp_path):
     ports = [free_port(), free_port(), free_port()]
     proc, out = _cli(good_repo, tmp_path, ports)
     try:
-        deadline = time.monotonic() + 120
-        while "ready:" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        ready = [ln for ln in out.read_text().splitlines() if ln.startswith("ready:")]
+        ready = _wait_for_line(proc, out, "ready:", timeout=120)
         assert ready == [f"ready: HTTP http://localhost:{ports[0]}, gRPC localhost:{ports[1]}, "
                          f"metrics http://localhost:{ports[2]}/metrics"], out.read_text()[-3000:]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         assert "successfully unloaded 'double'" in out.read_text()  # drained, not killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_busy_openai_port_is_named_before_starting(install, good_repo, tmp_path):
+    ports = [free_port(), free_port(), free_port()]
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc, out = _cli(good_repo, tmp_path, [*ports, port], openai=True)
+        assert proc.wait(60) == 1
+    assert f"port {port} (OPENAI_PORT) is already in use" in out.read_text()
+
+
+def _front_door_pid(launcher: subprocess.Popen) -> int:
+    import psutil
+
+    return next(c.pid for c in psutil.Process(launcher.pid).children() if "openai" in c.cmdline())
+
+
+def test_front_door_starts_after_triton_and_its_death_stops_everything(install, model_repository, tmp_path):
+    """make serve's front door (issue 14): started once Triton is ready, ready itself (/health) before the launcher
+    says "ready:"; killed on its own, it takes the whole server down with a one-line reason and a non-zero exit."""
+    ports = [free_port() for _ in range(4)]
+    proc, out = _cli(model_repository, tmp_path, ports, openai=True)
+    try:
+        ready = _wait_for_line(proc, out, "ready:")
+        assert ready == [f"ready: HTTP http://localhost:{ports[0]}, gRPC localhost:{ports[1]}, metrics "
+                         f"http://localhost:{ports[2]}/metrics, OpenAI http://localhost:{ports[3]}/v1"], \
+            out.read_text()[-3000:]
+        text = out.read_text()
+        assert text.index("successfully loaded 'ensemble'") < text.index("openai front door ready on")
+        assert http("GET", f"http://localhost:{ports[3]}/health")[0] == 200
+        os.kill(_front_door_pid(proc), signal.SIGKILL)
+        assert proc.wait(60) != 0
+        assert "serving: the OpenAI front door exited on its own with code -9; stopping tritonserver" in out.read_text()
+        assert "drain finished" in out.read_text()  # Triton still drained: nothing in flight was cut
     finally:
         if proc.poll() is None:
             proc.kill()

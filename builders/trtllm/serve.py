@@ -1,9 +1,16 @@
-"""Container entry point for GPU serving: check every engine against this runtime, then *exec* tritonserver.
+"""Container entry point for GPU serving: check every engine against this runtime, then run tritonserver.
 
-``exec`` replaces this Python process, so with the image's ``nvidia_entrypoint.sh`` (which execs its
-arguments) tritonserver is PID 1: it receives SIGTERM directly, stops accepting requests and drains
-in-flight ones for ``--exit-timeout-secs``. For TP × PP > 1 in leader mode the exec'd process is ``mpirun``,
-which forwards SIGTERM to every rank.
+``--no-openai`` (what the Helm chart's Triton container passes; the OpenAI front door is a container of its own
+there): *exec* tritonserver. ``exec`` replaces this Python process, so with the image's ``nvidia_entrypoint.sh``
+(which execs its arguments) tritonserver is PID 1: it receives SIGTERM directly, stops accepting requests and
+drains in-flight ones for ``--exit-timeout-secs``. For TP × PP > 1 in leader mode the exec'd process is
+``mpirun``, which forwards SIGTERM to every rank.
+
+Default (``docker run`` of the image): the same command runs as a child of serving.launcher's supervisor, with
+the OpenAI front door (``python -m serving openai``) beside it on OPENAI_PORT, exactly as ``make serve`` on CPU:
+the front door starts once Triton is ready; SIGTERM stops the front door first (it finishes its open streams),
+then reaches tritonserver, whose own exit timeout is the drain; either process dying on its own stops the other
+and exits non-zero. No exec here, because two processes must be stopped in order.
 """
 
 from __future__ import annotations
@@ -90,6 +97,22 @@ def build_server_argv(model_repository: Path, extra: list[str], multi_gpu_mode: 
     return server_command(model_repository, engine_cfg, options, base, str(install.binary), n_gpus=n_gpus or None)
 
 
+def serve_with_front_door(model_repository: Path, server_argv: list[str], env: dict[str, str],
+                          ready_timeout: float) -> int:
+    """Run ``server_argv`` under serving.launcher's supervisor, with the OpenAI front door (module docstring)."""
+    from serving.launcher import DEFAULT_OPENAI_PORT, ServerConfig, TritonServer, serve_until_stopped
+
+    class PreparedServer(TritonServer):  # the launcher's process handling, our command (mpirun included)
+        def prepare(self) -> tuple[list[str], dict[str, str]]:
+            return server_argv, env
+
+    config = ServerConfig.from_env(model_repository)  # ports (OPENAI_PORT too) and the stop budget
+    config.openai_port = DEFAULT_OPENAI_PORT if config.openai_port is None else config.openai_port
+    config.exit_timeout_secs = int(os.environ.get("EXIT_TIMEOUT_SECS", config.exit_timeout_secs))
+    config.drain = False  # tritonserver gets SIGTERM itself (after the front door): its exit timeout is the drain
+    return serve_until_stopped(PreparedServer(config, ready_timeout=ready_timeout), ready_timeout)
+
+
 def serve_main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -100,6 +123,11 @@ def serve_main(argv: list[str] | None = None) -> int:
     p.add_argument("--multi-gpu-mode", choices=["orchestrator", "leader"],
                    default=os.environ.get("TRTLLM_MULTI_GPU_MODE", "orchestrator"))
     p.add_argument("--print-only", action="store_true", help="print the command instead of exec'ing it")
+    p.add_argument("--no-openai", action="store_true",
+                   help="exec tritonserver alone (PID 1), without the OpenAI front door (Kubernetes runs it in a "
+                        "container of its own)")
+    p.add_argument("--ready-timeout", type=float, default=1800.0,
+                   help="with the front door: seconds to wait for Triton's readiness before giving up")
     args = p.parse_args(argv)
     from .manifest import EngineMismatch, check_repository
 
@@ -120,6 +148,8 @@ def serve_main(argv: list[str] | None = None) -> int:
         shown = [re.sub(r"admin-key=\S+", "admin-key=***", a) for a in server_argv]
         print(" ".join(f"{k}={v}" for k, v in extra_env.items()) + (" " if extra_env else "") + " ".join(shown))
         return 0
+    if not args.no_openai:
+        return serve_with_front_door(args.model_repository, server_argv, env, args.ready_timeout)
     sys.stdout.flush()
     os.execvpe(server_argv[0], server_argv, env)  # never returns
     return 0  # pragma: no cover

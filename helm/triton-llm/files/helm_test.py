@@ -6,6 +6,8 @@
   helm_test.py stream --http HOST:8000 ...           POST .../generate_stream (SSE) -> at least one event
   helm_test.py chat --http HOST:8000 ...             POST .../generate with messages (one chat question) -> an answer
   helm_test.py grpc-stream --grpc HOST:8001 ...      the project's client CLI, streaming over gRPC
+  helm_test.py openai-chat --openai HOST:9000 ...    the OpenAI front door: GET /v1/models, then one
+                                                     POST /v1/chat/completions (Bearer $LLM_API_KEY when set)
 
 Exit 0 when the check passes; otherwise a one-line reason on stderr and exit 1.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -25,10 +28,11 @@ class CheckFailed(Exception):
     pass
 
 
-def _request(url: str, body: dict | None = None, timeout: float = 60.0) -> tuple[int, bytes]:
+def _request(url: str, body: dict | None = None, timeout: float = 60.0,
+             headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read()
@@ -108,6 +112,46 @@ def check_chat(http: str, ensemble: str, question: str, max_tokens: int, expect:
     return f"chat: {question!r} -> {text!r} (finish_reason {reason})"
 
 
+def check_openai_chat(openai: str, question: str, max_tokens: int, expect: str | None, api_key: str,
+                      retries: int) -> str:
+    """One chat completion through the OpenAI front door, as any OpenAI client sends it: the model id from
+    /v1/models, then POST /v1/chat/completions; the response must have OpenAI's shape."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    for attempt in range(retries + 1):  # the front door is ready only once Triton is
+        status, _ = _request(f"http://{openai}/health", timeout=10)
+        if status == 200:
+            break
+        if attempt == retries:
+            raise CheckFailed(f"GET /health answered {status}, expected 200")
+        time.sleep(2)
+    status, raw = _request(f"http://{openai}/v1/models", timeout=10, headers=headers)
+    if status != 200:
+        raise CheckFailed(f"GET /v1/models answered {status}: {raw[:300]!r}"
+                          + (" (is LLM_API_KEY the front door's key?)" if status == 401 else ""))
+    try:
+        model = json.loads(raw)["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise CheckFailed(f"GET /v1/models answered without a model id: {raw[:300]!r}") from None
+    body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens}
+    status, raw = _request(f"http://{openai}/v1/chat/completions", body, headers=headers)
+    if status != 200:
+        raise CheckFailed(f"POST /v1/chat/completions answered {status}: {raw[:300]!r}")
+    try:
+        out = json.loads(raw)
+        choice = out["choices"][0]
+        text, reason = choice["message"]["content"], choice["finish_reason"]
+        usage = out["usage"]["completion_tokens"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise CheckFailed(f"chat completion is not in OpenAI's shape: {raw[:300]!r}") from None
+    if out.get("object") != "chat.completion" or not isinstance(text, str) or not text.strip():
+        raise CheckFailed(f"chat completion without text: {out}")
+    if reason not in ("stop", "length"):
+        raise CheckFailed(f"chat completion with finish_reason {reason!r}, expected stop or length: {out}")
+    if expect and expect.lower() not in text.lower():
+        raise CheckFailed(f"chat completion for {question!r} does not contain {expect!r}: {text!r}")
+    return f"openai-chat: model {model!r}, {question!r} -> {text!r} ({usage} tokens, finish_reason {reason})"
+
+
 def check_grpc_stream(grpc: str, prompt: str, max_tokens: int, python: str) -> str:
     cmd = [python, "-m", "client", "generate", prompt, "--url", grpc, "--max-tokens", str(max_tokens), "--stream"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -118,15 +162,18 @@ def check_grpc_stream(grpc: str, prompt: str, max_tokens: int, python: str) -> s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("check", choices=["ready", "generate", "stream", "chat", "grpc-stream"])
+    p.add_argument("check", choices=["ready", "generate", "stream", "chat", "grpc-stream", "openai-chat"])
     p.add_argument("--http", default="localhost:8000")
     p.add_argument("--grpc", default="localhost:8001")
+    p.add_argument("--openai", default="localhost:9000", help="openai-chat: the front door's host:port")
     p.add_argument("--ensemble", default="ensemble")
     p.add_argument("--prompt", default="The capital of France is")
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--question", default="What is the capital of France?", help="chat: the user's question")
-    p.add_argument("--expect", help="chat: a word the answer must contain (case-insensitive), e.g. Paris")
-    p.add_argument("--retries", type=int, default=30, help="ready: attempts 2 s apart before failing")
+    p.add_argument("--question", default="What is the capital of France?",
+                   help="chat, openai-chat: the user's question")
+    p.add_argument("--expect", help="chat, openai-chat: a word the answer must contain (case-insensitive), e.g. Paris")
+    p.add_argument("--retries", type=int, default=30,
+                   help="ready, openai-chat: readiness attempts 2 s apart before failing")
     p.add_argument("--client-python", default=sys.executable,
                    help="grpc-stream: a Python that can import the project's client package")
     args = p.parse_args(argv)
@@ -139,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             msg = check_stream(args.http, args.ensemble, args.prompt, args.max_tokens)
         elif args.check == "chat":
             msg = check_chat(args.http, args.ensemble, args.question, args.max_tokens, args.expect)
+        elif args.check == "openai-chat":
+            key = os.environ.get("LLM_API_KEY", "").split(",")[0].strip()  # the Secret may hold several
+            msg = check_openai_chat(args.openai, args.question, args.max_tokens, args.expect, key, args.retries)
         else:
             msg = check_grpc_stream(args.grpc, args.prompt, args.max_tokens, args.client_python)
     except CheckFailed as e:

@@ -82,6 +82,15 @@ app.kubernetes.io/part-of: triton-llm
 {{- default (printf "%s-admin-key" (include "triton-llm.fullname" .)) .Values.server.adminKey.existingSecret -}}
 {{- end -}}
 
+{{- define "triton-llm.openaiSecretName" -}}
+{{- default (printf "%s-openai-api-key" (include "triton-llm.fullname" .)) .Values.openai.apiKey.existingSecret -}}
+{{- end -}}
+
+{{/* The image's Python for `-m serving openai` and the project's client: python on CPU, the tool venv on GPU. */}}
+{{- define "triton-llm.projectPython" -}}
+{{- ternary "/opt/venv/bin/python" "python" (eq .Values.target "gpu") -}}
+{{- end -}}
+
 {{/* GPUs per pod: tensor parallel x pipeline parallel on the GPU target, none on the CPU target. */}}
 {{- define "triton-llm.gpuCount" -}}
 {{- if eq .Values.target "gpu" -}}
