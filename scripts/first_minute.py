@@ -157,7 +157,13 @@ def run(make_args: list[str], log: Path, env: dict[str, str] | None = None, read
         _launcher(make).send_signal(signal.SIGTERM)
         exit_code = make.wait(120)
     finally:
-        if make.poll() is None:
+        if make.poll() is None:  # a check failed: stop the server too (killing make alone would orphan it)
+            try:
+                launcher = _launcher(make, timeout=1)
+                for process in [launcher, *launcher.children(recursive=True)]:  # tritonserver, stubs, front door
+                    process.kill()
+            except Exception:  # noqa: BLE001 - best effort; the original error is what matters
+                pass
             make.kill()
             make.wait()
     return Outcome(ready_s, pairs, cli_answer, exit_code, openai_model)
