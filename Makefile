@@ -95,9 +95,13 @@ bench-engine: $(VENV)/.installed $(MODEL_DIR)/model.safetensors
 	$(PY) -m bench.engine_bench $(BENCH_ARGS)
 
 # The Helm chart (also part of `make test`): tools into build/tools and the venv, then its tests.
+# Prometheus 2.42 + promtool (Debian's package; scripts/prometheus-tools.sh, also called by tests/test_prometheus.py):
+# the rules are checked and unit-tested offline here; `make test` also runs them live under overload.
 helm-check: $(VENV)/.installed
 	PYTHON=$(PY) bash scripts/helm-tools.sh
+	bash scripts/prometheus-tools.sh
 	$(PY) -m pytest tests/test_helm.py tests/test_helm_live.py
+	$(PY) -m pytest tests/test_prometheus.py -k promtool
 
 clean:
 	rm -rf build

@@ -343,8 +343,10 @@ def test_keda_scaledobject_structure(rendered):
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300, "scale-down must be slow"
     assert any(t["metricType"] == "AverageValue" for t in spec["triggers"]), "fallback needs an AverageValue trigger"
     names = set(values["metrics"]["names"].values())
-    assert {t["name"] for t in spec["triggers"]} == {"queue-compute-ratio", "pending-requests", "engine-queue",
-                                                    "active-slots"}
+    assert {t["name"] for t in spec["triggers"]} == {"engine-queue", "active-slots", "kv-cache-occupancy", "ttft"}
+    # Triton's queue of the decoupled llm model never fills (issue 20): no trigger may read it.
+    assert not any("nv_inference_pending_request_count" in t["metadata"]["query"]
+                   or "nv_inference_queue_duration_us" in t["metadata"]["query"] for t in spec["triggers"])
     for t in spec["triggers"]:
         assert t["type"] == "prometheus"
         q = t["metadata"]["query"]
@@ -357,6 +359,11 @@ def test_keda_scaledobject_structure(rendered):
     engine_queue = next(t for t in spec["triggers"] if t["name"] == "engine-queue")
     assert 'nv_trt_llm_request_metrics{' in engine_queue["metadata"]["query"]
     assert 'request_type="waiting"' in engine_queue["metadata"]["query"]
+    by_name = {t["name"]: t["metadata"]["query"] for t in spec["triggers"]}
+    assert 'request_type="scheduled"' in by_name["active-slots"]
+    assert 'nv_trt_llm_kv_cache_block_metrics{' in by_name["kv-cache-occupancy"]
+    assert 'kv_cache_block_type="fraction"' in by_name["kv-cache-occupancy"]
+    assert "nv_inference_first_response_histogram_ms_sum{" in by_name["ttft"]
 
 
 def test_unaggregated_query_is_detected():
@@ -370,13 +377,17 @@ def test_unaggregated_query_is_detected():
 
 def test_cpu_keda_uses_the_cpu_engine_gauges(helm_bin, helm_env, crd_validators):
     docs = docs_of(template(helm_bin, helm_env, values=[profile_file("cpu")],
-                            sets=["autoscaling.mode=keda", "autoscaling.keda.triggers.activeSlots.enabled=true"],
+                            sets=["autoscaling.mode=keda", "autoscaling.keda.triggers.activeSlots.enabled=true",
+                                  "autoscaling.keda.triggers.kvCacheOccupancy.enabled=true",
+                                  "autoscaling.keda.triggers.ttft.enabled=true"],
                             apis=CRD_APIS).stdout)
     so = one(docs, "ScaledObject")
     assert not list(crd_validators[("keda.sh/v1alpha1", "ScaledObject")].iter_errors(so))
     queries = {t["name"]: t["metadata"]["query"] for t in so["spec"]["triggers"]}
     assert queries["engine-queue"].startswith("sum(llm_engine_queued_requests{")
     assert queries["active-slots"].startswith("sum(llm_engine_active_slots{")
+    assert queries["kv-cache-occupancy"].startswith("avg(llm_engine_kv_cache_occupancy{")
+    assert queries["ttft"].startswith("sum(rate(llm_time_to_first_token_seconds_sum{")
 
 
 def test_hpa_alternative_is_autoscaling_v2(rendered):
@@ -413,7 +424,7 @@ def test_prometheus_rules_record_and_alert(rendered):
         groups = {g["name"].rsplit(".", 1)[1]: g["rules"] for g in rule["spec"]["groups"]}
         records = {r["record"]: r for r in groups["recording"]}
         alerts = {r["alert"]: r for r in groups["alerts"]}
-        assert {"TritonLLMTimeToFirstTokenHigh", "TritonLLMQueueGrowing", "TritonLLMErrorRateHigh",
+        assert {"TritonLLMTimeToFirstTokenHigh", "TritonLLMQueueBacklog", "TritonLLMErrorRateHigh",
                 "TritonLLMPodRestarting", "TritonLLMMetricsAbsent"} <= set(alerts)
         for record, r in records.items():
             assert re.fullmatch(r"triton_llm:[a-z0-9_]+", record), record
@@ -438,9 +449,9 @@ def test_prometheus_rules_record_and_alert(rendered):
 
 def test_grafana_dashboard(rendered):
     for profile, must in (("cpu", ["Time to first token", "Time per output token", "Throughput (tokens/s)",
-                                   "Queue", "Batch slots and KV cache", "CPU utilisation"]),
+                                   "Queue", "Batch slots", "KV-cache occupancy", "CPU utilisation"]),
                           ("gpu-fp8-h100", ["Time to first token", "Queue", "GPU utilisation", "GPU memory used",
-                                            "Active requests in the engine"])):
+                                            "Batch slots", "KV-cache occupancy"])):
         cm = one(docs_of(rendered[profile]), "ConfigMap", "-dashboard")
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
         (key, raw), = cm["data"].items()
@@ -466,7 +477,7 @@ def test_metric_names_come_from_values(helm_bin, helm_env):
                                   "metrics.names.ttft=renamed_ttft_seconds"]).stdout)
     text = yaml.safe_dump_all(docs)
     assert "llm_engine_queued_requests" not in text and "llm_time_to_first_token_seconds" not in text
-    assert "renamed_queue_gauge" in one(docs, "ScaledObject")["spec"]["triggers"][2]["metadata"]["query"]
+    assert "renamed_queue_gauge" in one(docs, "ScaledObject")["spec"]["triggers"][0]["metadata"]["query"]
     assert "renamed_ttft_seconds_bucket" in one(docs, "ConfigMap", "-dashboard")["data"][f"{FULLNAME}.json"]
 
 
@@ -822,9 +833,12 @@ INVALID = [
     ("s3-without-bucket", ["engine.source=s3", "resources.ephemeralStorage=64Gi"], "engine.source=s3 needs engine.s3.bucket"),
     ("build-on-cpu", ["target=cpu", "engineBuild.enabled=true"], "it needs target=gpu"),
     ("build-without-pvc", ["engineBuild.enabled=true"], "set engine.source=pvc"),
-    ("keda-no-triggers", ["autoscaling.mode=keda", "autoscaling.keda.triggers.queueComputeRatio.enabled=false",
-                          "autoscaling.keda.triggers.pendingRequests.enabled=false",
-                          "autoscaling.keda.triggers.engineQueue.enabled=false"], "every trigger disabled"),
+    ("keda-no-triggers", ["autoscaling.mode=keda", "autoscaling.keda.triggers.engineQueue.enabled=false"],
+     "every trigger disabled"),
+    ("keda-only-value-triggers", ["autoscaling.mode=keda", "autoscaling.keda.triggers.engineQueue.enabled=false",
+                                  "autoscaling.keda.triggers.ttft.enabled=true"], "needs at least one AverageValue"),
+    ("keda-gpu-ttft-without-histogram", ["autoscaling.mode=keda", "autoscaling.keda.triggers.ttft.enabled=true"],
+     "set metrics.histogramLatencies=true"),
     ("fallback-out-of-range", ["autoscaling.mode=keda", "autoscaling.keda.fallback.replicas=9"],
      "autoscaling.keda.fallback.replicas (9) must lie between minReplicas (1) and maxReplicas (4)"),
     ("min-above-max", ["autoscaling.minReplicas=5"], "autoscaling.minReplicas (5) is above autoscaling.maxReplicas (4)"),

@@ -163,15 +163,23 @@ so a query returns one series however many replicas there are.
 {{- $llm := printf "%s,model=\"%s\"" $s .Values.metrics.models.llm -}}
 {{- $ens := printf "%s,model=\"%s\"" $s .Values.metrics.models.ensemble -}}
 {{- $gpu := eq .Values.target "gpu" -}}
-queueComputeRatio: {{ printf "sum(rate(%s{%s}[2m])) / clamp_min(sum(rate(%s{%s}[2m])), 1)" $n.queueDuration $llm $n.computeInferDuration $llm | squote }}
-pendingRequests: {{ printf "sum(%s{%s})" $n.pendingRequests $llm | squote }}
+{{- /* No query reads Triton's queue of the llm model (nv_inference_pending_request_count, nv_inference_queue_duration_us):
+the llm model is decoupled on both targets, its execute() only enqueues, so that queue is always empty (issue 20). */}}
 {{- if $gpu }}
+{{- /* TensorRT-LLM's C++ backend (triton_backend/inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc):
+waiting = active - scheduled requests, scheduled = requests in this iteration's batch, fraction = used / max KV blocks. */}}
 engineQueued: {{ printf "sum(%s{%s,request_type=\"waiting\"})" $n.trtllmRequests $s | squote }}
-activeSlots: {{ printf "sum(%s{%s,request_type=\"active\"})" $n.trtllmRequests $s | squote }}
+activeSlots: {{ printf "sum(%s{%s,request_type=\"scheduled\"})" $n.trtllmRequests $s | squote }}
+kvCacheOccupancy: {{ printf "avg(%s{%s,kv_cache_block_type=\"fraction\"})" $n.trtllmKvCacheBlocks $s | squote }}
 {{- else }}
 engineQueued: {{ printf "sum(%s{%s})" $n.engineQueued $s | squote }}
 activeSlots: {{ printf "sum(%s{%s})" $n.engineActiveSlots $s | squote }}
-kvCacheOccupancy: {{ printf "max(%s{%s})" $n.kvCacheOccupancy $s | squote }}
+kvCacheOccupancy: {{ printf "avg(%s{%s})" $n.kvCacheOccupancy $s | squote }}
+{{- end }}
+{{- if and $gpu .Values.metrics.histogramLatencies }}
+ttftMean1m: {{ printf "sum(rate(%s_sum{%s}[1m])) / clamp_min(sum(rate(%s_count{%s}[1m])), 1e-9) / 1000" $n.firstResponseHistogram $ens $n.firstResponseHistogram $ens | squote }}
+{{- else if not $gpu }}
+ttftMean1m: {{ printf "sum(rate(%s_sum{%s}[1m])) / clamp_min(sum(rate(%s_count{%s}[1m])), 1e-9)" $n.ttft $s $n.ttft $s | squote }}
 {{- end }}
 {{- if and $gpu .Values.metrics.histogramLatencies }}
 ttftP50: {{ printf "histogram_quantile(0.5, sum by (le) (rate(%s_bucket{%s}[5m]))) / 1000" $n.firstResponseHistogram $ens | squote }}
@@ -265,12 +273,16 @@ Render-time checks that a schema cannot express. Each failure says what is wrong
 {{- end -}}
 {{- if eq $v.autoscaling.mode "keda" -}}
 {{- $t := $v.autoscaling.keda.triggers -}}
-{{- if not (or $t.queueComputeRatio.enabled $t.pendingRequests.enabled $t.engineQueue.enabled $t.activeSlots.enabled) -}}
+{{- if not (or $t.engineQueue.enabled $t.activeSlots.enabled $t.kvCacheOccupancy.enabled $t.ttft.enabled) -}}
 {{- $msg := "\n\nautoscaling.mode=keda with every trigger disabled: enable at least one of autoscaling.keda.triggers.*" -}}
 {{- fail $msg -}}
 {{- end -}}
-{{- if not (or $t.pendingRequests.enabled $t.engineQueue.enabled $t.activeSlots.enabled) -}}
-{{- $msg := "\n\nautoscaling.keda: the fallback needs at least one AverageValue trigger (pendingRequests, engineQueue or activeSlots);\nKEDA rejects a ScaledObject whose only trigger is the queue/compute ratio (metricType Value) when a fallback is set." -}}
+{{- if not (or $t.engineQueue.enabled $t.activeSlots.enabled) -}}
+{{- $msg := "\n\nautoscaling.keda: the fallback needs at least one AverageValue trigger (engineQueue or activeSlots);\nKEDA rejects a ScaledObject whose only triggers are metricType Value (kvCacheOccupancy, ttft) when a fallback is set." -}}
+{{- fail $msg -}}
+{{- end -}}
+{{- if and $t.ttft.enabled (eq $v.target "gpu") (not $v.metrics.histogramLatencies) -}}
+{{- $msg := "\n\nautoscaling.keda.triggers.ttft on GPU reads Triton's first-response histogram: set metrics.histogramLatencies=true." -}}
 {{- fail $msg -}}
 {{- end -}}
 {{- $fb := int $v.autoscaling.keda.fallback.replicas -}}
