@@ -95,7 +95,8 @@ bench-engine: $(VENV)/.installed $(MODEL_DIR)/model.safetensors
 	$(PY) -m bench.engine_bench $(BENCH_ARGS)
 
 # The Helm chart (also part of `make test`): tools into build/tools and the venv, then its tests.
-# Prometheus 2.42 + promtool (Debian's package; scripts/prometheus-tools.sh, also called by tests/test_prometheus.py):
+# Prometheus 2.42 + promtool (Debian's .deb at a pinned version and sha256, unpacked into build/tools by
+# scripts/prometheus-tools.sh, also called by tests/test_prometheus.py):
 # the rules are checked and unit-tested offline here; `make test` also runs them live under overload.
 helm-check: $(VENV)/.installed
 	PYTHON=$(PY) bash scripts/helm-tools.sh

@@ -1,5 +1,5 @@
-"""A real Prometheus (Debian's 2.42, from scripts/prometheus-tools.sh) scraping the test servers, for the chart's
-queries to run unchanged (tests/test_prometheus.py, scripts/autoscaling_plot.py).
+"""A real Prometheus (Debian's 2.42 .deb, pinned by sha256: scripts/prometheus-tools.sh) scraping the test servers,
+for the chart's queries to run unchanged (tests/test_prometheus.py, scripts/autoscaling_plot.py).
 
 In Kubernetes the chart's ServiceMonitor (port ``metrics``) / PodMonitor make the Prometheus Operator add
 ``namespace``, ``pod``, ``service``, ``endpoint``, ``container`` and ``job`` to every series; a static scrape
