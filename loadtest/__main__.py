@@ -27,7 +27,9 @@ def _levels(text: str | None) -> list[float] | None:
 
 def _endpoint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=os.environ.get("LOADTEST_URL", "localhost:8001"),
-                   help="Triton gRPC host:port (default localhost:8001, or $LOADTEST_URL)")
+                   help="Triton gRPC host:port (default localhost:8001, or $LOADTEST_URL); for OpenAI profiles "
+                        "(openai-chat, openai-completions) and locust --openai: the front door's host:port "
+                        "(default localhost:9000)")
     p.add_argument("--metrics-url", default=None,
                    help="Prometheus URL (default: http://<host>:<gRPC port + 1>/metrics); 'none' to skip")
 
@@ -40,13 +42,21 @@ def _metrics_url(args) -> str | None:
     return args.metrics_url or Endpoints.from_grpc(args.url).metrics
 
 
+def _url(args, profile) -> str:
+    """--url; for an OpenAI profile without --url, the front door's default port (9000) instead of gRPC 8001."""
+    if profile.openai and not args.url_given:
+        return "localhost:9000"
+    return args.url
+
+
 def _profile(args):
     from .spec import load_profile
 
     profile = load_profile(args.profile)
     profile = profile.with_overrides(levels=_levels(getattr(args, "levels", None)),
                                      request_count=getattr(args, "request_count", None),
-                                     num_prompts=getattr(args, "num_prompts", None))
+                                     num_prompts=getattr(args, "num_prompts", None),
+                                     model=getattr(args, "model", None))
     if getattr(args, "no_stream", False):
         profile = profile.model_copy(update={"streaming": False})
     return profile
@@ -81,12 +91,13 @@ def cmd_commands(args) -> int:
 
     profile = _profile(args)
     metrics_url = _metrics_url(args)
+    url = _url(args, profile)
     out = Path(args.out)
     for level in profile.load.levels:
         name = commands.level_dir_name(profile, level)
-        if args.tool == "genai-perf":
+        if args.tool == "genai-perf" or profile.openai:
             argv = [str(GENAI_PERF_VENV / "bin" / "genai-perf")] + commands.genai_perf_args(
-                profile, level, url=args.url, tokenizer=Path(args.tokenizer or DEFAULT_TOKENIZER),
+                profile, level, url=url, tokenizer=Path(args.tokenizer or DEFAULT_TOKENIZER),
                 artifact_dir=out / f"{name}-genai-perf", metrics_url=metrics_url)
         else:
             argv = ["perf_analyzer"] + commands.perf_analyzer_args(
@@ -112,7 +123,9 @@ def cmd_sweep(args) -> int:
     from .sweep import RESULTS_DIR, run_sweep
 
     profile = _profile(args)
-    outcome = run_sweep(profile, url=args.url, metrics_url=_metrics_url(args),
+    url = _url(args, profile)
+    metrics_url = None if profile.openai and args.metrics_url is None else _metrics_url(args)
+    outcome = run_sweep(profile, url=url, metrics_url=metrics_url,
                         tokenizer=Path(args.tokenizer) if args.tokenizer else None,
                         out_dir=Path(args.out) if args.out else None,
                         results_root=Path(args.results_root) if args.results_root else RESULTS_DIR,
@@ -135,7 +148,9 @@ def cmd_locust(args) -> int:
                          max_tokens=args.max_tokens, mix=args.mix, no_stream=args.no_stream,
                          tokenizer=Path(args.tokenizer) if args.tokenizer else None,
                          out_dir=Path(args.out) if args.out else None, ttft_p99_ms=args.ttft_p99_ms,
-                         tpot_p99_ms=args.tpot_p99_ms)
+                         tpot_p99_ms=args.tpot_p99_ms, openai=args.openai, model=args.model)
+    if args.openai and not args.url_given:
+        opts.url = "localhost:9000"
     result = run_locust(opts)
     print(result.text())
     return result.exit_code
@@ -181,9 +196,28 @@ def cmd_report_serving(args) -> int:
                                 tokenizer=Path(args.tokenizer) if args.tokenizer else None,
                                 doc=Path(args.doc), levels=_levels(args.levels), quick=args.quick,
                                 with_genai_perf=args.genai_perf, with_locust=not args.no_locust,
+                                with_openai=not args.no_openai, front_url=args.front_url,
                                 serving_profile=Path(args.serving_profile),
                                 out_dir=Path(args.out) if args.out else REPORT_DIR, command=command)
     return run_serving_report(opts)
+
+
+def cmd_openai_bench(args) -> int:
+    from .openai_bench import OUT_DIR, OpenAIBenchOptions, profile_front_door, run_openai_bench, table
+    from .spec import DEFAULT_TOKENIZER
+
+    tok = Path(args.tokenizer or DEFAULT_TOKENIZER)
+    opts = OpenAIBenchOptions(grpc_url=args.url, front_url=args.front_url, tokenizer=tok, ttft_pairs=args.pairs,
+                              streams=args.streams, rounds=args.rounds, window_s=args.window,
+                              max_tokens=args.max_tokens, out_dir=Path(args.out) if args.out else OUT_DIR)
+    data = run_openai_bench(opts)
+    print("\n".join(table(data["result"], data["summary"], opts.streams)))
+    if args.profile_front_door:
+        print("\n".join(profile_front_door(args.url, opts.out_dir, tok)))
+    s = data["summary"]
+    met = all(t["met"] for t in s["ttft"].values()) and (s.get("throughput") or {}).get("met", False)
+    print(f"{'goals met' if met else 'goal(s) MISSED'}; files: {opts.out_dir}")
+    return 0 if met else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--num-prompts", type=int, help="override the number of distinct prompts")
         p.add_argument("--no-stream", action="store_true", help="send stream=false (one response per request)")
         p.add_argument("--tokenizer", help="local tokenizer directory (default: build/models/smollm2)")
+        p.add_argument("--model", help="override the profile's model (OpenAI profiles: the served model id)")
 
     p = sub.add_parser("commands", help="print the perf_analyzer / genai-perf command lines of a profile")
     profile_args(p)
@@ -237,8 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_sweep, tool="genai-perf")
 
-    p = sub.add_parser("locust", help="headless locust run (gRPC streaming user) bounded in time and requests")
+    p = sub.add_parser("locust", help="headless locust run (gRPC streaming user, or the OpenAI front door's HTTP/SSE "
+                                      "user with --openai) bounded in time and requests")
     _endpoint_args(p)
+    p.add_argument("--openai", choices=["chat", "completions"], default=None,
+                   help="load the OpenAI front door (--url = its host:port, default localhost:9000) over HTTP + SSE "
+                        "on /v1/chat/completions or /v1/completions instead of Triton's gRPC")
+    p.add_argument("--model", help="--openai: the served model id (default: GET /v1/models)")
     p.add_argument("--users", type=int, default=4)
     p.add_argument("--spawn-rate", type=float, default=4.0)
     p.add_argument("--run-time", type=float, default=30.0, help="seconds (hard bound)")
@@ -297,7 +337,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="short windows (a smoke run of the report itself)")
     p.add_argument("--genai-perf", action="store_true", help="also run genai-perf at 8 streams (if installed)")
     p.add_argument("--no-locust", action="store_true")
+    p.add_argument("--no-openai", action="store_true", help="leave out the OpenAI front door vs gRPC section")
+    p.add_argument("--front-url", help="with --url: a running OpenAI front door (default: start one on a free port)")
     p.set_defaults(func=cmd_report_serving)
+
+    p = sub.add_parser("openai-bench", help="the OpenAI front door vs direct gRPC streaming, side by side (TTFT "
+                                            "overhead at 1 stream, throughput ratio at 16)")
+    p.add_argument("--url", default=os.environ.get("LOADTEST_URL", "localhost:8001"), help="Triton gRPC host:port")
+    p.add_argument("--front-url", default="http://localhost:9000", help="the running front door")
+    p.add_argument("--tokenizer", help="local tokenizer directory (default: build/models/smollm2)")
+    p.add_argument("--pairs", type=int, default=80, help="1-stream pairs per route")
+    p.add_argument("--streams", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--window", type=float, default=15.0, help="seconds measured per throughput phase")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--profile-front-door", action="store_true",
+                   help="afterwards, run a second front door under cProfile and print its hottest functions")
+    p.add_argument("--out", help="results folder (default: loadtest/results/openai-bench)")
+    p.set_defaults(func=cmd_openai_bench)
     return parser
 
 

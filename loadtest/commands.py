@@ -3,6 +3,11 @@
 The ensemble is decoupled, so perf_analyzer always talks gRPC with ``--streaming`` (Triton refuses unary
 ModelInfer for decoupled models); a non-streaming profile sends ``stream: false`` in the input data and gets
 exactly one response per request, still over the stream API.
+
+A profile with ``endpoint: chat`` or ``completions`` measures the OpenAI front door (``python -m serving openai``)
+instead: genai-perf's ``--endpoint-type chat|completions`` over HTTP + SSE, ``-u`` = the front door's host:port.
+genai-perf sends ``max_tokens`` there; OpenAI has no ``min_tokens`` (the front door refuses unknown parameters
+with 400), so output lengths are "up to" the profile's, and the model may stop earlier at its end token.
 """
 
 from __future__ import annotations
@@ -71,13 +76,16 @@ def genai_perf_args(profile: LoadProfile, level: float, *, url: str, tokenizer: 
         raise ValueError(f"profile {profile.name!r} mixes request kinds; genai-perf takes one distribution "
                          "(use perf_analyzer: python -m loadtest sweep)")
     p, o = kinds[0].prompt_tokens, kinds[0].output_tokens
-    args = ["profile", "-m", profile.model, "--endpoint-type", "kserve", "--backend", "tensorrtllm",
-            "-u", url, "--tokenizer", str(tokenizer),
+    if profile.openai:
+        target = ["--endpoint-type", profile.endpoint, "-u", url.removeprefix("http://")]
+    else:
+        target = ["--endpoint-type", "kserve", "--backend", "tensorrtllm", "-u", url]
+    args = ["profile", "-m", profile.model, *target, "--tokenizer", str(tokenizer),
             "--synthetic-input-tokens-mean", str(p.mean), "--synthetic-input-tokens-stddev", f"{p.stddev:g}",
             "--output-tokens-mean", str(o.mean), "--output-tokens-stddev", f"{o.stddev:g}",
             "--num-prompts", str(inputs.num_prompts), "--random-seed", str(inputs.seed),
             "--artifact-dir", str(artifact_dir), "--profile-export-file", "profile_export.json"]
-    if inputs.exact_output and o.stddev == 0:
+    if inputs.exact_output and o.stddev == 0 and not profile.openai:
         # genai-perf's --output-tokens-mean-deterministic sends tensorrtllm_backend's old ``min_length``;
         # our ensemble (like current tensorrtllm_backend) calls it min_tokens.
         args += ["--extra-inputs", f"min_tokens:{o.mean}"]
@@ -93,10 +101,16 @@ def genai_perf_args(profile: LoadProfile, level: float, *, url: str, tokenizer: 
     else:
         args += ["--measurement-interval", str(profile.measurement.interval_ms),
                  "--stability-percentage", f"{profile.measurement.stability_percentage:g}"]
-    if metrics_url:
+    if metrics_url and not profile.openai:  # Triton telemetry; the front door's own /metrics is not Triton's
         args += ["--server-metrics-url", metrics_url]
     if profile.measurement.warmup_requests:
-        args += ["--warmup-request-count", str(profile.measurement.warmup_requests)]
+        # perf_analyzer 2.51 (under genai-perf) hangs after its warm-up when it sends fewer warm-up requests than
+        # the concurrency (seen with --service-kind openai: "Sending 1 warmup request" at concurrency 2, forever):
+        # warm up at least one request per stream.
+        warm = profile.measurement.warmup_requests
+        if profile.load.mode == "concurrency":
+            warm = max(warm, int(level))
+        args += ["--warmup-request-count", str(warm)]
     return args
 
 

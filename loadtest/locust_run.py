@@ -1,5 +1,7 @@
-"""``python -m loadtest locust``: run ``loadtest/locustfile.py`` headless in its own process, bounded in time and
-request count, and summarise locust's CSV (plus the exact TTFT/TPOT percentiles the user writes)."""
+"""``python -m loadtest locust``: run ``loadtest/locustfile.py`` (Triton gRPC streaming) or, with ``--openai chat|
+completions``, ``loadtest/locustfile_openai.py`` (the OpenAI front door, HTTP + SSE) headless in its own process,
+bounded in time and request count, and summarise locust's CSV (plus the exact TTFT/TPOT percentiles the user
+writes)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from .spec import DEFAULT_TOKENIZER, PACKAGE_DIR, PROJECT_ROOT
 from .sweep import RESULTS_DIR, new_run_dir
 
 LOCUSTFILE = PACKAGE_DIR / "locustfile.py"
+LOCUSTFILE_OPENAI = PACKAGE_DIR / "locustfile_openai.py"
 
 
 @dataclass
@@ -39,6 +42,8 @@ class LocustOptions:
     ttft_p99_ms: float | None = None
     tpot_p99_ms: float | None = None
     extra_timeout_s: float = 60.0
+    openai: str | None = None  # "chat" / "completions": the OpenAI front door at ``url`` (host:port) over HTTP
+    model: str | None = None  # OpenAI: the served model id (default: asked from GET /v1/models)
 
 
 @dataclass
@@ -72,7 +77,8 @@ class LocustResult:
             if s.get("count"):
                 lines.append(f"  {label:8s} P50 {s['p50']:.1f} ms  P90 {s['p90']:.1f} ms  P99 {s['p99']:.1f} ms "
                              f"(n={s['count']})")
-        rps = sum(float(r.get("Requests/s") or 0) for r in self.rows if r.get("Type") == "gRPC")
+        rps = sum(float(r.get("Requests/s") or 0) for r in self.rows
+                  if r.get("Type") in ("gRPC", "HTTP") and r.get("Name") != "Aggregated")
         if rps:
             lines.append(f"  throughput {rps:.2f} req/s")
         lines += [f"  SLO FAIL: {f}" for f in self.slo_failures]
@@ -84,7 +90,14 @@ class LocustResult:
 
 def locust_command(opts: LocustOptions, out: Path) -> list[str]:
     run_time = max(1, math.ceil(opts.run_time_s))
-    argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", f"grpc://{opts.url}",
+    if opts.openai:
+        host = opts.url if opts.url.startswith("http") else f"http://{opts.url}"
+        target = ["-f", str(LOCUSTFILE_OPENAI), "--headless", "--host", host, "--route", opts.openai]
+        if opts.model:
+            target += ["--openai-model", opts.model]
+    else:
+        target = ["-f", str(LOCUSTFILE), "--headless", "--host", f"grpc://{opts.url}"]
+    argv = [sys.executable, "-m", "locust", *target,
             "-u", str(opts.users), "-r", f"{opts.spawn_rate:g}", "--run-time", f"{run_time}s",
             "--stop-timeout", "10", "--csv", str(out / "locust"), "--html", str(out / "locust_report.html"),
             "--only-summary", "--exit-code-on-error", "1",

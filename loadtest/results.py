@@ -253,3 +253,50 @@ def compress(path: Path) -> Path:
         dst.write(src.read())
     path.unlink()
     return out
+
+
+# ---------------------------------------------------------------------------------------------- genai-perf summary
+
+
+def _gp_stats(metric: dict | None) -> Stats:
+    """One metric of genai-perf's ``*_genai_perf.json`` ({"unit": "ms", "avg", "p50", ...}) as Stats (ms)."""
+    if not metric:
+        return Stats()
+    scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3, "sec": 1e3}.get(str(metric.get("unit", "ms")), 1.0)
+
+    def v(key: str) -> float | None:
+        x = metric.get(key)
+        return None if x is None else float(x) * scale
+
+    return Stats(count=0, avg=v("avg"), p50=v("p50"), p90=v("p90"), p95=v("p95"), p99=v("p99"), max=v("max"))
+
+
+def parse_genai_perf_summary(level: float, mode: str, path: Path) -> LevelResult:
+    """genai-perf's own statistics (``<export>_genai_perf.json``): used for the OpenAI endpoints, whose
+    perf_analyzer export holds raw SSE text rather than Triton's per-response token counts. TPOT is genai-perf's
+    inter-token latency ((last - first) / (output tokens - 1), tokens counted with the local tokenizer)."""
+    r = LevelResult(level=level, mode=mode)
+    path = Path(path)
+    if not path.exists():
+        r.ok, r.error = False, f"no measurement ({path.name} missing)"
+        return r
+    data = json.loads(path.read_text())
+
+    def avg(key: str) -> float | None:
+        m = data.get(key) or {}
+        return None if m.get("avg") is None else float(m["avg"])
+
+    r.latency = _gp_stats(data.get("request_latency"))
+    r.ttft = _gp_stats(data.get("time_to_first_token"))
+    r.tpot = _gp_stats(data.get("inter_token_latency"))
+    r.throughput_rps = avg("request_throughput")
+    r.output_tokens_per_s = avg("output_token_throughput")
+    r.output_tokens_mean = avg("output_sequence_length")
+    r.prompt_tokens_mean = avg("input_sequence_length")
+    count = avg("request_count")
+    r.requests = int(count) if count is not None else 0
+    for s in (r.latency, r.ttft, r.tpot):
+        s.count = r.requests
+    if not r.throughput_rps:
+        r.ok, r.error = False, "genai-perf measured no completed request"
+    return r

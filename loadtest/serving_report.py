@@ -5,6 +5,11 @@ into the results folder, starts tritonserver on free ports (with a trace file, t
 ``concurrency`` profile (1/4/8/16 streams), a traced diagnosis at 8 streams, a short locust run and optionally
 genai-perf, then writes ``loadtest/results/serving-report/`` (replaced each time) and the markdown document.
 With ``--url`` it measures an already running server instead (no trace unless that server has a trace file).
+
+The OpenAI front door (issue 14): on its own server, the report also starts ``python -m serving openai`` on a
+free port in front of it and measures it against direct gRPC streaming side by side (``loadtest.openai_bench``:
+TTFT P50 overhead at 1 stream, throughput ratio at 16 streams), runs the locust HTTP/SSE user against it and,
+with ``--genai-perf``, genai-perf's ``--endpoint-type chat`` at 16 streams. ``--no-openai`` leaves it out.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ class ServingReportOptions:
     quick: bool = False
     with_genai_perf: bool = False
     with_locust: bool = True
+    with_openai: bool = True
+    profile_front_door: bool = True  # cProfile pass when a goal is missed
+    front_url: str | None = None  # with --url: a running front door to compare (else one is started)
     serving_profile: Path = PROJECT_ROOT / "builders" / "profiles" / "cpu.yaml"
     out_dir: Path = REPORT_DIR
     command: str = ""
@@ -124,6 +132,7 @@ def run_serving_report(opts: ServingReportOptions) -> int:
     engine_cfg = json.loads((engine_dir / "config.json").read_text()) if engine_dir and (
         engine_dir / "config.json").exists() else {}
     diag = loc = genai = None
+    oa: dict | None = None
     try:
         sweep = run_sweep(profile, url=grpc, metrics_url=metrics_url, tokenizer=tokenizer, out_dir=out / "sweep")
         diag_conc = 8 if 8 in profile.load.levels else int(max(profile.load.levels))
@@ -148,6 +157,12 @@ def run_serving_report(opts: ServingReportOptions) -> int:
                 gp = profile.with_overrides(levels=[float(diag_conc)])
                 genai = run_sweep(gp, url=grpc, metrics_url=metrics_url, tokenizer=tokenizer, tool="genai-perf",
                                   out_dir=out / "genai-perf", progress=False)
+        if opts.with_openai:
+            try:
+                oa = run_openai_section(opts, grpc, metrics_url, tokenizer, out)
+            except Exception as exc:  # noqa: BLE001 - the Triton benchmark stands without the front door's
+                print(f"report-serving: OpenAI front door benchmark failed: {exc}", file=sys.stderr)
+                oa = {"error": f"{type(exc).__name__}: {exc}"}
     finally:
         if server is not None:
             print("report-serving: stopping tritonserver ...", file=sys.stderr, flush=True)
@@ -156,7 +171,7 @@ def run_serving_report(opts: ServingReportOptions) -> int:
             "loadavg_after": loadavg(), "git": git_describe(), "cpus": os.cpu_count(),
             "cpu_model": cpu_model(), "python": platform.python_version(), "url": opts.url or "own server",
             "command": opts.command}
-    doc = document(opts, profile, sweep, diag, loc, genai, meta, config, engine_cfg, serving_profile)
+    doc = document(opts, profile, sweep, diag, loc, genai, meta, config, engine_cfg, serving_profile, oa)
     opts.doc.parent.mkdir(parents=True, exist_ok=True)
     opts.doc.write_text(doc)
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -164,7 +179,118 @@ def run_serving_report(opts: ServingReportOptions) -> int:
     return EXIT_ERROR if all(not r.ok for r in sweep.results) else 0
 
 
-def document(opts, profile, sweep, diag, loc, genai, meta, config, engine_cfg, serving_profile) -> str:
+def run_openai_section(opts: ServingReportOptions, grpc: str, metrics_url: str | None, tokenizer: Path | None,
+                       out: Path) -> dict:
+    """Front door vs direct gRPC (side by side), locust's HTTP/SSE user, genai-perf chat (optional)."""
+    from .locust_run import LocustOptions, run_locust
+    from .openai_bench import FrontDoor, OpenAIBenchOptions, profile_front_door, run_openai_bench
+    from .spec import DEFAULT_TOKENIZER
+
+    tok = Path(tokenizer or DEFAULT_TOKENIZER)
+    oa_dir = out / "openai"
+    oa_dir.mkdir(parents=True, exist_ok=True)
+    front = None
+    front_url = opts.front_url
+    if front_url is None:
+        print("report-serving: starting the OpenAI front door ...", file=sys.stderr, flush=True)
+        front = FrontDoor(grpc, log_file=oa_dir / "front-door.log")
+        front_url = front.url
+    result: dict = {"front_url": front_url}
+    try:
+        bench = OpenAIBenchOptions(grpc_url=grpc, front_url=front_url, tokenizer=tok, out_dir=oa_dir)
+        if opts.quick:
+            bench.ttft_pairs, bench.rounds, bench.warmup_s, bench.window_s = 4, 2, 1.0, 2.0
+            bench.streams, bench.max_tokens, bench.prompt_tokens = min(bench.streams, 4), 8, 16
+        result["bench"] = run_openai_bench(bench)
+        result["streams"] = bench.streams
+        result["locust"] = run_locust(LocustOptions(
+            url=front_url, openai="chat", users=4, spawn_rate=4, run_time_s=5 if opts.quick else 20,
+            max_requests=8 if opts.quick else 200, prompt_tokens=16 if opts.quick else 128,
+            max_tokens=8 if opts.quick else 64, tokenizer=tok, out_dir=oa_dir / "locust"))
+        if opts.with_genai_perf:
+            from .tools import genai_perf_binary
+            from .sweep import run_sweep
+
+            if genai_perf_binary() is not None:
+                gp = load_profile("openai-chat").with_overrides(levels=[16.0] if not opts.quick else [2.0],
+                                                                model=result["bench"]["result"]["model"])
+                if opts.quick:
+                    gp = gp.with_overrides(request_count=4, num_prompts=4)
+                result["genai"] = run_sweep(gp, url=front_url, metrics_url=None, tokenizer=tok,
+                                            out_dir=oa_dir / "genai-perf-chat", progress=False)
+    finally:
+        if front is not None:
+            result["front_exit"] = front.stop()
+    summary = result["bench"]["summary"]
+    missed = not all(t["met"] for t in summary["ttft"].values()) or not (summary.get("throughput") or {}).get("met")
+    if missed and opts.profile_front_door and not opts.quick:
+        try:
+            result["profile"] = profile_front_door(grpc, oa_dir, tok)
+        except Exception as exc:  # noqa: BLE001
+            result["profile"] = [f"profiling failed: {exc}"]
+    return result
+
+
+def openai_lines(oa: dict, doc: Path) -> list[str]:
+    from .openai_bench import table
+
+    lines = ["", "## OpenAI front door vs direct gRPC (issue 14; side by side in this run)", ""]
+    if "error" in oa and "bench" not in oa:
+        return lines + [f"Not measured: {oa['error']}"]
+    bench = oa["bench"]
+    o = bench["options"]
+    m = bench["meta"]
+    lines += [f"The same Triton server, both paths alternating in one process (`loadtest/openai_bench.py`): "
+              f"`python -m serving openai` on a free port vs the project's asyncio gRPC client "
+              f"(`client.AsyncLLMClient`, the client the front door itself uses). 1 stream: {o['ttft_pairs']} "
+              f"pairs per route, each pair the same {o['ttft_prompt_tokens']}-token prompt, max_tokens "
+              f"{o['ttft_max_tokens']}, alternating which path goes first; TTFT = request written → first non-empty "
+              f"text (gRPC delta / SSE content chunk). {oa['streams']} streams: {o['rounds']} rounds of one phase per "
+              f"path (ABBA), {o['warmup_s']:g} s warm-up then a {o['window_s']:g} s window, "
+              f"{o['prompt_tokens']}-token user messages, max_tokens {o['max_tokens']} (greedy; OpenAI has no "
+              f"min_tokens, so both paths generate what the model says, up to that). "
+              f"{m['wall_s']:.0f} s; load average {m['loadavg_before']} before, {m['loadavg_after']} after.", ""]
+    lines += table(bench["result"], bench["summary"], oa["streams"])
+    lines += [""]
+    for route, r in bench["result"]["ttft"].items():
+        fd = r.get("front_door_ttft_mean_ms")
+        g, h = r["grpc_ttft_ms"].get("mean"), r["http_ttft_ms"].get("mean")
+        if fd is not None and g is not None and h is not None:
+            lines.append(f"- {route}, where the mean TTFT difference goes ({h - g:+.2f} ms): the HTTP/ASGI edge "
+                         f"(client TTFT {h:.2f} ms − the front door's own `openai_time_to_first_token_seconds` "
+                         f"{fd:.2f} ms) = {h - fd:+.2f} ms; inside the front door (its TTFT − direct gRPC TTFT "
+                         f"{g:.2f} ms: validation, its own gRPC call, task hand-offs) = {fd - g:+.2f} ms.")
+    for ph in bench["result"]["throughput"]:
+        lines.append(f"- round {ph['round']}, {ph['path']}: {ph['tokens_per_s']:.1f} tok/s, "
+                     f"{ph['requests_per_s']:.2f} req/s, {ph['mean_output_tokens']:.1f} tokens/request, "
+                     f"TTFT P50 {ph['ttft_ms'].get('p50', 0) or 0:.0f} ms, {ph['errors']} errors")
+    if oa.get("profile"):
+        lines += ["", "A goal was missed, so the report profiled the front door: cProfile in a second front door "
+                  "process (a separate, unmeasured pass, switched on only while its requests ran; "
+                  f"`{_rel(Path(o['out_dir']) / 'front-door-profile.txt', doc)}`):", "", "```"]
+        lines += oa["profile"] + ["```"]
+    loc = oa.get("locust")
+    if loc is not None:
+        t = loc.timings or {}
+        lines += ["", f"locust, OpenAI HTTP/SSE user (`loadtest/locustfile_openai.py`, /v1/chat/completions, 4 users): "
+                  f"{loc.requests} requests, **{loc.failures} failures**; TTFT P50/P99 "
+                  f"{_f((t.get('ttft_ms') or {}).get('p50'))} / {_f((t.get('ttft_ms') or {}).get('p99'))} ms, "
+                  f"TPOT P50/P99 {_f((t.get('tpot_ms') or {}).get('p50'), 2)} / "
+                  f"{_f((t.get('tpot_ms') or {}).get('p99'), 2)} ms. CSV: `{_rel(loc.out_dir / 'locust_stats.csv', doc)}`."]
+    genai = oa.get("genai")
+    if genai is not None and genai.results:
+        g = genai.results[0]
+        lines += ["", f"genai-perf 0.0.16, `--endpoint-type chat --streaming` at {level_str(g.level)} streams "
+                  f"(profile `loadtest/profiles/openai-chat.yaml`): "
+                  + (f"{_f(g.throughput_rps, 2)} req/s, {_f(g.output_tokens_per_s, 1)} output tok/s, TTFT P50/P99 "
+                     f"{_f(g.ttft.p50)} / {_f(g.ttft.p99)} ms, inter-token P50 {_f(g.tpot.p50, 2)} ms "
+                     f"({g.requests} requests)." if g.ok else f"failed: {g.error}")]
+        if genai.meta.get("commands"):
+            lines += ["", "```", genai.meta["commands"][0].replace(str(PROJECT_ROOT) + "/", ""), "```"]
+    return lines
+
+
+def document(opts, profile, sweep, diag, loc, genai, meta, config, engine_cfg, serving_profile, oa=None) -> str:
     doc = opts.doc
     out = sweep.out_dir.parent
     results = sweep.results
@@ -178,7 +304,7 @@ def document(opts, profile, sweep, diag, loc, genai, meta, config, engine_cfg, s
         "",
         "<!-- Generated by `python -m loadtest report-serving`: edit loadtest/serving_report.py, not this file. -->",
         "",
-        f"Re-run (about 3 minutes on 2 cores; replaces this file and `{_rel(out, doc)}/`):",
+        f"Re-run (about {max(1, round(meta['wall_s'] / 60))} minutes on 2 cores; replaces this file and `{_rel(out, doc)}/`):",
         "",
         "```bash",
         f".venv/bin/{cmd}" if cmd.startswith("python ") else cmd,
@@ -279,6 +405,8 @@ def document(opts, profile, sweep, diag, loc, genai, meta, config, engine_cfg, s
         lines += ["", f"## genai-perf 0.0.16 at {level_str(g.level)} streams (cross-check)", "",
                   f"{_f(g.throughput_rps, 2)} req/s, TTFT P50/P99 {_f(g.ttft.p50)} / {_f(g.ttft.p99)} ms, "
                   f"TPOT P50/P99 {_f(g.tpot.p50, 2)} / {_f(g.tpot.p99, 2)} ms (from its profile export)."]
+    if oa is not None:
+        lines += openai_lines(oa, doc)
     plots = sorted((out / "sweep").glob("*.png"))
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p.stem}]({_rel(p, doc)})" for p in plots]
@@ -294,7 +422,11 @@ def document(opts, profile, sweep, diag, loc, genai, meta, config, engine_cfg, s
             lines += ["locust:", "", "```", cmd_file.read_text().strip().replace(str(PROJECT_ROOT) + "/", ""), "```", ""]
     lines += ["Other single commands: `python -m loadtest sweep --profile NAME --url localhost:8001` "
               "(profiles: smoke, concurrency, poisson, long-prompt, streaming), `python -m loadtest diagnose`, "
-              "`python -m loadtest tune`, `python -m loadtest locust --url localhost:8001`.", ""]
+              "`python -m loadtest tune`, `python -m loadtest locust --url localhost:8001`; the OpenAI front door "
+              "(`make serve`: port 9000): `python -m loadtest genai-perf --profile openai-chat --url localhost:9000` "
+              "(or `openai-completions`), `python -m loadtest locust --openai chat --url localhost:9000`, "
+              "`python -m loadtest openai-bench --url localhost:8001 --front-url http://localhost:9000 "
+              "[--profile-front-door]`.", ""]
     return "\n".join(lines)
 
 

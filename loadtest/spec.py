@@ -147,16 +147,35 @@ class SLO(_Strict):
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
+ENDPOINTS = ("kserve", "chat", "completions")
+OPENAI_ENDPOINTS = ("chat", "completions")
+
+
 class LoadProfile(_Strict):
     name: str
     description: str = ""
     tool: Literal["perf_analyzer", "genai-perf"] = "perf_analyzer"
-    model: str = "ensemble"
+    endpoint: Literal["kserve", "chat", "completions"] = Field(
+        "kserve", description="kserve: Triton's gRPC stream API to the ensemble (perf_analyzer or genai-perf); "
+                              "chat / completions: the OpenAI front door's /v1/chat/completions or /v1/completions "
+                              "over HTTP + SSE (genai-perf only; --url is then the front door's host:port)")
+    model: str = Field("ensemble", description="Triton model name (kserve) or the served model id (OpenAI)")
     streaming: bool = Field(True, description="send stream=true (token by token); false: one response")
     load: Load
     inputs: Inputs
     measurement: Measurement = Measurement()
     slo: SLO = SLO()
+
+    @model_validator(mode="after")
+    def _openai_needs_genai_perf(self) -> "LoadProfile":
+        if self.endpoint in OPENAI_ENDPOINTS and self.tool != "genai-perf":
+            raise ValueError(f"endpoint {self.endpoint!r} (the OpenAI front door) is measured with genai-perf: "
+                             "set tool: genai-perf (perf_analyzer 2.51 here speaks Triton's protocols only)")
+        return self
+
+    @property
+    def openai(self) -> bool:
+        return self.endpoint in OPENAI_ENDPOINTS
 
     @classmethod
     def load_file(cls, path: str | Path) -> "LoadProfile":
@@ -167,8 +186,10 @@ class LoadProfile(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
 
     def with_overrides(self, *, levels: list[float] | None = None, request_count: int | None = None,
-                       num_prompts: int | None = None) -> "LoadProfile":
+                       num_prompts: int | None = None, model: str | None = None) -> "LoadProfile":
         profile = self
+        if model:
+            profile = profile.model_copy(update={"model": model})
         if levels:
             profile = profile.model_copy(update={"load": profile.load.model_copy(update={"levels": levels})})
         if request_count is not None:

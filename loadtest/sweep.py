@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 from . import commands, inputs, metrics, report, slo
-from .results import LevelResult, compress, parse_level
+from .results import LevelResult, compress, parse_genai_perf_summary, parse_level
 from .spec import DEFAULT_TOKENIZER, PACKAGE_DIR, PROJECT_ROOT, LoadProfile, level_str
 from .tools import ToolError, genai_perf_binary, genai_perf_env, setup_perf_analyzer
 
@@ -82,6 +82,30 @@ def wait_for_server(url: str, timeout_s: float = 10.0) -> None:
             last = str(exc).splitlines()[0][:200]
         if time.monotonic() > deadline:
             raise ToolError(f"no ready Triton server at gRPC {url} ({last}); start one with `make serve`")
+        time.sleep(0.5)
+
+
+def wait_for_front_door(url: str, timeout_s: float = 10.0) -> None:
+    """Raise ToolError unless the OpenAI front door at host:port answers GET /health with 200 (Triton ready)."""
+    import urllib.error
+    import urllib.request
+
+    base = url if url.startswith("http") else f"http://{url}"
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=3) as resp:
+                if resp.status == 200:
+                    return
+                last = f"HTTP {resp.status}"
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            last = str(exc)[:200]
+        if time.monotonic() > deadline:
+            raise ToolError(f"no ready OpenAI front door at {base} ({last}); start one with `make serve` "
+                            "(port 9000) or `python -m serving openai --triton HOST:GRPC`")
         time.sleep(0.5)
 
 
@@ -175,13 +199,19 @@ def run_level_genai_perf(profile: LoadProfile, level: float, *, pa, url: str, to
             proc = subprocess.run(argv, env=genai_perf_env(pa), capture_output=True, text=True, cwd=raw,
                                   timeout=profile.measurement.timeout_s)
             out, rc = proc.stdout + proc.stderr, proc.returncode
-        except subprocess.TimeoutExpired:
-            out, rc = f"genai-perf exceeded {profile.measurement.timeout_s:g} s", -1
+        except subprocess.TimeoutExpired as exc:
+            partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            out, rc = partial + f"\ngenai-perf exceeded {profile.measurement.timeout_s:g} s", -1
     (raw / f"{name}.log").write_text(out)
     exports = sorted(artifacts.rglob("profile_export.json"))
     export = exports[-1] if exports else artifacts / "profile_export.json"
-    result = parse_level(level, profile.load.mode, artifacts / "none.csv", export,
-                         fixed_count=commands.request_count(profile, level) > 0)
+    if profile.openai:  # the export holds raw SSE text: use genai-perf's own statistics
+        summaries = sorted(artifacts.rglob("profile_export_genai_perf.json"))
+        result = parse_genai_perf_summary(level, profile.load.mode,
+                                          summaries[-1] if summaries else artifacts / "profile_export_genai_perf.json")
+    else:
+        result = parse_level(level, profile.load.mode, artifacts / "none.csv", export,
+                             fixed_count=commands.request_count(profile, level) > 0)
     result.wall_s = time.monotonic() - t0
     result.metrics = window.summary
     if rc != 0:
@@ -205,10 +235,13 @@ def warmup(profile: LoadProfile, *, pa, url: str, input_data: Path, raw: Path) -
 def run_sweep(profile: LoadProfile, *, url: str, metrics_url: str | None = None, tokenizer: Path | None = None,
               out_dir: Path | None = None, results_root: Path = RESULTS_DIR, tool: str | None = None,
               progress: bool = True, plots: bool = True) -> SweepOutcome:
-    tool = tool or profile.tool
+    tool = "genai-perf" if profile.openai else (tool or profile.tool)
     tokenizer = Path(tokenizer or DEFAULT_TOKENIZER)
     pa = setup_perf_analyzer()
-    wait_for_server(url)
+    if profile.openai:
+        wait_for_front_door(url)
+    else:
+        wait_for_server(url)
     out = Path(out_dir) if out_dir else new_run_dir(profile.name, results_root)
     out.mkdir(parents=True, exist_ok=True)
     raw = out / "raw"
@@ -221,7 +254,8 @@ def run_sweep(profile: LoadProfile, *, url: str, metrics_url: str | None = None,
             "cpus": os.cpu_count(), "loadavg_before": loadavg(), "git": git_describe(),
             "perf_analyzer": pa.version(), "inputs": inputs.describe(requests), "commands": []}
     t_start = time.monotonic()
-    warmup(profile, pa=pa, url=url, input_data=input_data, raw=raw)
+    if not profile.openai:  # genai-perf warms up itself (--warmup-request-count)
+        warmup(profile, pa=pa, url=url, input_data=input_data, raw=raw)
     bar = Progress(len(profile.load.levels), f"{profile.name} ({tool})", progress)
     results: list[LevelResult] = []
     try:

@@ -19,7 +19,12 @@ from loadtest.spec import (SLO, Inputs, Load, LoadProfile, Measurement, PromptMi
                            load_profile)
 from serving.prometheus import parse, scrape
 
-REQUIRED_PROFILES = {"smoke", "concurrency", "poisson", "long-prompt", "streaming"}
+REQUIRED_PROFILES = {"smoke", "concurrency", "poisson", "long-prompt", "streaming", "openai-chat",
+                     "openai-completions"}
+FIXTURES = Path(__file__).parent / "fixtures"
+# `genai-perf profile --help` of the pinned genai-perf (0.0.16, build/tools/genai-perf), captured so the rendered
+# command lines are checked against its real flags without the 1 GB tool installed.
+GENAI_PERF_HELP = FIXTURES / "genai_perf_profile_help.txt"
 
 
 # ---------------------------------------------------------------------------------------------- profiles
@@ -31,7 +36,12 @@ def test_every_profile_validates_and_the_required_ones_exist():
     for name in names:
         p = load_profile(name)
         assert p.name == name
-        assert p.model == "ensemble"
+        if p.openai:  # the front door: the served model id, measured by genai-perf
+            assert p.tool == "genai-perf" and p.model == "SmolLM2-135M-Instruct"
+        else:
+            assert p.model == "ensemble" and p.endpoint == "kserve"
+    assert load_profile("openai-chat").endpoint == "chat"
+    assert load_profile("openai-completions").endpoint == "completions"
     assert load_profile("poisson").load.mode == "request_rate"
     assert load_profile("poisson").load.distribution == "poisson"
     assert load_profile("concurrency").load.levels == [1, 4, 8, 16]
@@ -52,6 +62,9 @@ def test_bad_profiles_are_refused(tmp_path):
         load_profile(bad)
     with pytest.raises(FileNotFoundError, match="available"):
         load_profile("no-such-profile")
+    with pytest.raises(ValueError, match="genai-perf"):  # perf_analyzer 2.51 here speaks Triton's protocols only
+        LoadProfile(name="x", endpoint="chat", load=Load(levels=[1]),
+                    inputs=Inputs(prompt_tokens=TokenDist(mean=8), output_tokens=TokenDist(mean=4)))
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -71,7 +84,7 @@ def test_concurrency_profile_to_perf_analyzer_command(tmp_path):
     assert a["-m"] == "ensemble" and a["-i"] == "grpc" and a["-u"] == "localhost:9001"
     assert "--streaming" in argv  # decoupled ensemble: the stream API, always
     assert a["--concurrency-range"] == "8"
-    assert a["--measurement-interval"] == "4000" and a["--max-trials"] == "3"
+    assert a["--measurement-interval"] == "12000" and a["--max-trials"] == "3"
     assert a["--stability-percentage"] == "999"
     assert a["--input-data"] == str(tmp_path / "in.json")
     assert a["-f"] == "c8.csv" and "--verbose-csv" in argv and a["--profile-export-file"] == str(tmp_path / "c8.json")
@@ -110,6 +123,108 @@ def test_genai_perf_command_uses_a_local_tokenizer_and_min_tokens(tmp_path):
         commands.genai_perf_args(load_profile("streaming"), 2, url="u", tokenizer=tmp_path, artifact_dir=tmp_path)
 
 
+def _help_flags() -> tuple[set[str], dict[str, set[str]]]:
+    """Every option genai-perf's profile --help lists, and the choices of the ones that have them."""
+    import re
+
+    text = GENAI_PERF_HELP.read_text()
+    flags = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", text))
+    choices = {m.group(1): set(m.group(2).split(",")) for m in re.finditer(r"(--[\w-]+) \{([^}]+)\}", text)}
+    return flags, choices
+
+
+def _check_against_help(argv: list[str]) -> None:
+    flags, choices = _help_flags()
+    assert argv[0] == "profile"
+    for i, a in enumerate(argv):
+        if a.startswith("-"):
+            assert a in flags, f"{a} is not a genai-perf profile flag"
+            if a in choices:
+                assert argv[i + 1] in choices[a], f"{a} {argv[i + 1]} not in {choices[a]}"
+
+
+@pytest.mark.parametrize("name,endpoint", [("openai-chat", "chat"), ("openai-completions", "completions")])
+def test_openai_profiles_render_genai_perf_commands_with_real_flags(name, endpoint, tmp_path):
+    """genai-perf against the OpenAI front door: --endpoint-type chat|completions, the front door's host:port,
+    the served model id, max_tokens only (min_tokens is not an OpenAI parameter: the front door would answer
+    400), no Triton telemetry URL, and at least one warm-up request per stream (perf_analyzer 2.51 hangs
+    otherwise)."""
+    p = load_profile(name)
+    argv = commands.genai_perf_args(p, 16, url="http://localhost:9000", tokenizer=tmp_path / "tok",
+                                    artifact_dir=tmp_path / "a", metrics_url="http://localhost:8002/metrics")
+    _check_against_help(argv)
+    a = _args(argv)
+    assert a["--endpoint-type"] == endpoint and a["-u"] == "localhost:9000"
+    assert a["-m"] == "SmolLM2-135M-Instruct"
+    assert "--backend" not in argv and "--extra-inputs" not in argv
+    assert "--server-metrics-url" not in argv
+    assert a["--tokenizer"] == str(tmp_path / "tok")
+    assert a["--output-tokens-mean"] == "64" and a["--synthetic-input-tokens-mean"] == "128"
+    assert "--streaming" in argv and a["--concurrency"] == "16"
+    assert a["--warmup-request-count"] == "16"
+    assert _args(commands.genai_perf_args(p, 1, url="h:1", tokenizer=tmp_path, artifact_dir=tmp_path))[
+        "--warmup-request-count"] == "2"
+    other = p.with_overrides(model="tiny", levels=[2])
+    assert _args(commands.genai_perf_args(other, 2, url="h:1", tokenizer=tmp_path, artifact_dir=tmp_path))["-m"] == "tiny"
+
+
+def test_triton_genai_perf_commands_use_real_flags(tmp_path):
+    for name in ("concurrency", "smoke", "poisson"):
+        p = load_profile(name)
+        _check_against_help(commands.genai_perf_args(p, p.load.levels[-1], url="localhost:8001", tokenizer=tmp_path,
+                                                     artifact_dir=tmp_path, metrics_url="http://localhost:8002/metrics"))
+
+
+def test_genai_perf_help_fixture_matches_the_installed_tool():
+    """When genai-perf is installed (python -m loadtest setup --genai-perf), the fixture is its real help."""
+    import subprocess
+
+    from loadtest.tools import genai_perf_binary
+
+    binary = genai_perf_binary()
+    if binary is None:
+        pytest.skip("genai-perf not installed (python -m loadtest setup --genai-perf)")
+    live = subprocess.run([str(binary), "profile", "--help"], capture_output=True, text=True, timeout=120,
+                          env={"COLUMNS": "80", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    import re
+
+    def flags(text: str) -> set[str]:
+        return set(re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", text))
+
+    assert flags(live.stdout) == flags(GENAI_PERF_HELP.read_text())
+
+
+def test_genai_perf_summary_parses_into_a_level_result():
+    from loadtest.results import parse_genai_perf_summary
+
+    r = parse_genai_perf_summary(2, "concurrency", FIXTURES / "genai_perf_chat_summary.json")
+    assert r.ok and r.requests == 4
+    assert r.throughput_rps == pytest.approx(1.9468, rel=1e-3)
+    assert r.ttft.p50 == pytest.approx(251.54, rel=1e-3) and r.tpot.p99 == pytest.approx(119.03, rel=1e-3)
+    assert r.output_tokens_mean == 8 and r.prompt_tokens_mean == 16 and r.latency.max > r.latency.p50
+    missing = parse_genai_perf_summary(2, "concurrency", FIXTURES / "none.json")
+    assert not missing.ok and "missing" in missing.error
+
+
+def test_openai_locust_command_and_bench_summary(tmp_path):
+    from loadtest.locust_run import LOCUSTFILE_OPENAI, LocustOptions, locust_command
+    from loadtest.openai_bench import _window_share, summarise, table
+
+    argv = locust_command(LocustOptions(url="localhost:9000", openai="chat", model="m"), tmp_path)
+    assert str(LOCUSTFILE_OPENAI) in argv and argv[argv.index("--host") + 1] == "http://localhost:9000"
+    assert argv[argv.index("--route") + 1] == "chat" and argv[argv.index("--openai-model") + 1] == "m"
+    assert _window_share(0, 10, 5, 20) == pytest.approx(0.5) and _window_share(3, 3, 0, 5) == 1.0
+    result = {"ttft": {"chat": {"grpc_ttft_ms": {"p50": 50.0}, "http_ttft_ms": {"p50": 50.6},
+                                "paired_diff_ms": {"p50": 0.5}, "overhead_p50_ms": 0.6}},
+              "throughput": [{"path": "grpc", "tokens_per_s": 100.0, "requests_per_s": 3.0},
+                             {"path": "http", "tokens_per_s": 94.0, "requests_per_s": 2.9}]}
+    s = summarise(result)
+    assert s["ttft"]["chat"]["met"] and s["throughput"]["ratio"] == pytest.approx(0.94)
+    assert not s["throughput"]["met"]
+    text = "\n".join(table(result, s, 16))
+    assert "MISSED" in text and "0.940" in text
+
+
 def test_cli_prints_commands_and_lists_profiles(capsys):
     from loadtest.__main__ import main
 
@@ -119,6 +234,10 @@ def test_cli_prints_commands_and_lists_profiles(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and "--concurrency-range 16" in lines[1] and "--streaming" in lines[0]
     assert main(["sweep", "--profile", "no-such-profile"]) == slo.EXIT_ERROR
+    # an OpenAI profile: genai-perf, the front door's default port unless --url says otherwise
+    assert main(["commands", "--profile", "openai-chat", "--levels", "4", "--model", "x"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "genai-perf profile" in line and "--endpoint-type chat -u localhost:9000" in line and "-m x" in line
 
 
 # ---------------------------------------------------------------------------------------------- inputs

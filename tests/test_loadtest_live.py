@@ -122,3 +122,54 @@ def test_report_serving_generates_the_document(smoke_run, triton, tiny_checkpoin
     assert "| 1 |" in text and "| 2 |" in text
     assert "Triton overhead per request at 1 stream" in text and "perf_analyzer" in text
     assert "Where the time goes" in text  # diagnosis from perf_analyzer's breakdown (no trace file here)
+    # the OpenAI front door, started by the report on a free port, side by side with direct gRPC
+    assert "OpenAI front door vs direct gRPC" in text and "TTFT P50 at 1 stream" in text
+    assert "locust, OpenAI HTTP/SSE user" in text and "**0 failures**" in text.split("locust, OpenAI")[1]
+    bench = json.loads((tmp_path / "report" / "openai" / "openai-bench.json").read_text())
+    assert bench["summary"]["throughput"]["errors"] == 0
+
+
+@pytest.fixture(scope="module")
+def front_door(triton):
+    from tests.openai_front import FrontDoorProcess
+
+    front = FrontDoorProcess(triton.urls.grpc)
+    yield front
+    assert front.stop() == 0
+
+
+def test_locust_openai_sse_user_against_the_front_door(front_door, tiny_checkpoint, tmp_path):
+    """The locust HTTP/SSE user (loadtest/locustfile_openai.py) on /v1/chat/completions: every request streamed
+    to [DONE], TTFT from the first content chunk, TPOT from the usage chunk's token count."""
+    from loadtest.locust_run import LocustOptions, run_locust
+
+    result = run_locust(LocustOptions(url=front_door.url, openai="chat", users=2, spawn_rate=2, run_time_s=15,
+                                      max_requests=6, prompt_tokens=12, max_tokens=8, tokenizer=tiny_checkpoint,
+                                      out_dir=tmp_path))
+    assert result.exit_code == EXIT_OK, result.text() + "\n" + result.log_tail
+    assert result.failures == 0 and result.requests == 6
+    assert result.timings["ttft_ms"]["count"] == 6 and result.timings["ttft_ms"]["p50"] > 0
+    assert result.timings["latency_ms"]["p50"] >= result.timings["ttft_ms"]["p50"]
+    assert {"HTTP", "TTFT"} <= {row["Type"] for row in result.rows}
+    assert result.row("HTTP", "chat")["Request Count"] == "6"
+    completions = run_locust(LocustOptions(url=front_door.url, openai="completions", users=1, run_time_s=10,
+                                           max_requests=2, prompt_tokens=8, max_tokens=4,
+                                           tokenizer=tiny_checkpoint, out_dir=tmp_path / "completions"))
+    assert completions.exit_code == EXIT_OK and completions.requests == 2, completions.text()
+
+
+def test_genai_perf_chat_profile_against_the_front_door(front_door, tiny_checkpoint, tmp_path):
+    """genai-perf's --endpoint-type chat through `python -m loadtest genai-perf --profile openai-chat`."""
+    from loadtest.tools import genai_perf_binary
+
+    if genai_perf_binary() is None:
+        pytest.skip("genai-perf not installed (python -m loadtest setup --genai-perf)")
+    model = json.loads(__import__("urllib.request").request.urlopen(front_door.v1 + "/models").read())["data"][0]["id"]
+    out = tmp_path / "gp"
+    code = main(["genai-perf", "--profile", "openai-chat", "--url", front_door.url, "--model", model,
+                 "--tokenizer", str(tiny_checkpoint), "--levels", "2", "--request-count", "4", "--num-prompts", "4",
+                 "--out", str(out), "--quiet", "--no-plots"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert code == EXIT_OK, summary["results"][0].get("error")
+    r = summary["results"][0]
+    assert r["ok"] and r["requests"] >= 4 and r["ttft"]["p50"] > 0 and r["throughput_rps"] > 0
