@@ -57,7 +57,7 @@ class OpenAIBenchOptions:
     ttft_prompt_tokens: int = 16
     ttft_max_tokens: int = 2
     streams: int = 16
-    rounds: int = 2  # each round: one phase per path (ABBA over rounds)
+    rounds: int = 4  # each round: one phase per path (ABBA over rounds); 2 could not settle 5% on 2 busy cores
     warmup_s: float = 6.0
     window_s: float = 15.0
     prompt_tokens: int = 64
