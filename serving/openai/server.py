@@ -336,14 +336,18 @@ def create_app(front: FrontDoor) -> FastAPI:
         def chunk(**fields) -> str:
             return _sse(_chunk(kind, request_id, created, info, **fields))
 
+        # Chat's role chunk goes out in the same write as the first content: two back-to-back writes cost the
+        # client a few ms of TTFT (measured in docs/benchmarks/serving.md).
+        pending = chunk(text="", role=True) if kind.chat else ""
         try:
-            if kind.chat:
-                yield chunk(text="", role=True)
             delta = first_delta
             while delta is not None:
                 if text := trimmer.feed(delta):
-                    yield chunk(text=text)
+                    yield pending + chunk(text=text)
+                    pending = ""
                 delta = await generation.next()
+            if pending:
+                yield pending
             if text := trimmer.flush():
                 yield chunk(text=text)
             completion = generation.completion
