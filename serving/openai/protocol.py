@@ -9,7 +9,7 @@ since that asks for nothing. Responses carry every field the official SDK reads.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
@@ -19,7 +19,7 @@ from serving.openai.errors import bad_request
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_STOP = 4
 
-# Parameters the engine cannot honour, with the only values that ask for nothing (accepted, since then nothing is
+# Parameters the engine cannot honour, with the only values that ask for nothing (accepted and dropped: nothing is
 # dropped). Anything else is refused with a 400 naming the parameter.
 _CHAT_OFF: dict[str, tuple] = {
     "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
@@ -45,11 +45,13 @@ def _is_off(value, allowed: tuple) -> bool:
     return False
 
 
-def _refuse_unsupported(values: dict, off: dict[str, tuple]) -> None:
+def _refuse_unsupported(values: dict, off: dict[str, tuple]) -> dict:
+    """Refuse what asks the engine for something it cannot do; drop what asks for nothing (its "off" value)."""
     for name, allowed in off.items():
         if name in values and not _is_off(values[name], allowed):
             raise bad_request(f"'{name}' is not supported by this server: the engine cannot honour it "
                               "(docs/openai.md lists the parameters it can)", param=name, code="unsupported_parameter")
+    return {key: value for key, value in values.items() if key not in off}
 
 
 class _Request(BaseModel):
@@ -73,6 +75,12 @@ class _Sampling(_Request):
     stream_options: StreamOptions | None = None
     n: int | None = 1
     user: str | None = None  # accepted and ignored: it identifies the end user to OpenAI, asks nothing of the engine
+    refused: ClassVar[dict[str, tuple]] = {}  # per endpoint: what the engine cannot honour, and its "off" values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, values):
+        return _refuse_unsupported(values, cls.refused) if isinstance(values, dict) else values
 
     @field_validator("stop")
     @classmethod
@@ -123,37 +131,9 @@ class ChatMessage(_Request):
 
 
 class ChatCompletionRequest(_Sampling):
+    refused: ClassVar[dict[str, tuple]] = _CHAT_OFF
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    logit_bias: Any = None
-    logprobs: Any = None
-    top_logprobs: Any = None
-    response_format: Any = None
-    tools: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
-    functions: Any = None
-    function_call: Any = None
-    store: Any = None
-    metadata: Any = None
-    service_tier: Any = None
-    modalities: Any = None
-    audio: Any = None
-    prediction: Any = None
-    reasoning_effort: Any = None
-    web_search_options: Any = None
-    verbosity: Any = None
-    prompt_cache_key: Any = None
-    safety_identifier: Any = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _unsupported(cls, values):
-        if isinstance(values, dict):
-            _refuse_unsupported(values, _CHAT_OFF)
-        return values
 
     @model_validator(mode="after")
     def _max_tokens(self):
@@ -167,21 +147,8 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
+    refused: ClassVar[dict[str, tuple]] = _COMPLETION_OFF
     prompt: str | list[str]
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    logit_bias: Any = None
-    logprobs: Any = None
-    best_of: Any = None
-    echo: Any = None
-    suffix: Any = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _unsupported(cls, values):
-        if isinstance(values, dict):
-            _refuse_unsupported(values, _COMPLETION_OFF)
-        return values
 
     @field_validator("prompt")
     @classmethod
