@@ -19,8 +19,8 @@ from serving.openai.errors import bad_request
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_STOP = 4
 
-# Parameters the engine cannot honour, with the only values that ask for nothing (accepted and dropped: nothing is
-# dropped). Anything else is refused with a 400 naming the parameter.
+# Parameters the engine cannot honour, with the only values that ask for nothing (accepted: ignoring them ignores no
+# request). Anything else is refused with a 400 naming the parameter.
 _CHAT_OFF: dict[str, tuple] = {
     "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
     "logprobs": (None, False), "top_logprobs": (None,), "response_format": (None, {"type": "text"}),
