@@ -91,7 +91,7 @@ def test_rendered_configs_parse_and_carry_limits(fixture):
     assert pre_params["max_seq_len"] == str(build["max_seq_len"])
 
     llm_source, llm = configs["llm"]
-    assert Path(llm_source, "1", "model.py").exists()
+    assert Path(__file__).parents[1].joinpath("model_repository", llm_source, "1", "model.py").exists()
     assert llm.backend == "python" and llm.model_transaction_policy.decoupled
     assert [i.name for i in llm.input] == [t.name for t in tc.LLM_INPUTS]
     assert [o.name for o in llm.output] == [t.name for t in tc.LLM_OUTPUTS]

@@ -17,7 +17,7 @@ from builders import triton_config as tc
 
 from builders.trtllm.stream_state import StreamState
 
-WRAPPER = Path(__file__).parents[1] / "builders" / "trtllm" / "models" / "llm" / "1" / "model.py"
+WRAPPER = Path(__file__).parents[1] / "model_repository" / "trtllm" / "llm" / "1" / "model.py"
 # Byte table: ids 0..255 are single bytes, 256 is a special token (empty).
 TABLE = [bytes([i]) for i in range(256)] + [b""]
 EURO = list("€".encode())  # 3 bytes: a character split across three tokens

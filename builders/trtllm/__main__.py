@@ -5,6 +5,7 @@
     calibration     write the local calibration set (English text from the Python install)
     check-engine    is an engine servable here? (exit 1 with the reasons if not)
     serve           container entry point: check engines, then exec tritonserver
+    standin         render the GPU repository over a CPU engine (tensorrt_llm stand-in; make serve LAYOUT=…)
     variants        the variants this machine's GPU (or --gpu) supports, one per line
 """
 
@@ -80,6 +81,21 @@ def _check_engine(argv):
     return 0
 
 
+def _standin(argv):
+    from ..profile import PROJECT_ROOT, ServingProfile
+    from .standin import render_standin_repository
+    from .token_sources import TOKEN_SOURCES
+
+    p = argparse.ArgumentParser(prog="python -m builders.trtllm standin")
+    p.add_argument("--profile", default=str(PROJECT_ROOT / "builders/profiles/cpu.yaml"), help="a CPU profile")
+    p.add_argument("--out", default=str(PROJECT_ROOT / "build/model_repository"))
+    p.add_argument("--token-source", choices=TOKEN_SOURCES, default="engine")
+    a = p.parse_args(argv)
+    out = render_standin_repository(ServingProfile.from_yaml(a.profile), a.out, a.token_source)
+    print(f"GPU layout with the tensorrt_llm stand-in ({a.token_source} tokens) rendered to {out}")
+    return 0
+
+
 def _variants(argv):
     from .gpus import detect_gpus, lookup_gpu, supported_variants
 
@@ -97,7 +113,7 @@ def _variants(argv):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"budget": _budget, "calibration": _calibration, "check-engine": _check_engine,
-                "variants": _variants}
+                "standin": _standin, "variants": _variants}
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0

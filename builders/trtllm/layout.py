@@ -27,15 +27,13 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import triton_config as tc
-from ..profile import PROJECT_ROOT, ServingProfile
+from ..profile import ServingProfile
 from .options import TrtllmOptions
 from .pins import EXECUTOR_WORKER_PATH
 from .rules import NEEDS_PAGED_CONTEXT_FMHA
 
-#: Same as builders.repository.MODEL_SOURCES (not imported: that module pulls in the CPU engine and torch).
-MODEL_SOURCES = PROJECT_ROOT / "model_repository"
-#: The wrapper model's source folder (its ``1/model.py``), copied by render_repository.
-WRAPPER_SOURCE = Path(__file__).resolve().parent / "models" / "llm"
+#: The wrapper model's source folder under model_repository/ (its ``1/model.py``), copied by render_repository.
+WRAPPER_SOURCE = "trtllm/llm"
 BUDGET_FILE = "memory_budget.json"
 #: The runtime options a build rendered with (beside engine/): re-rendering later reproduces them.
 OPTIONS_FILE = "trtllm_options.json"
@@ -193,8 +191,7 @@ def model_configs_trtllm(profile: ServingProfile, options: TrtllmOptions | None 
                          engine_cfg: dict | None = None):
     """(model name, model source folder or None, ModelConfig) for every model of the GPU repository.
 
-    Same shape as ``builders.repository.model_configs``; the wrapper's source is an absolute folder, which
-    ``render_repository`` resolves correctly (``MODEL_SOURCES / absolute`` is the absolute path).
+    Same shape as ``builders.repository.model_configs`` (sources relative to model_repository/).
     ``engine_cfg`` overrides reading ``<engine_dir>/config.json`` (the dry run predicts it). Without
     ``options``, the ones the build saved beside the engine (``trtllm_options.json``) apply, else defaults.
     """
@@ -207,7 +204,7 @@ def model_configs_trtllm(profile: ServingProfile, options: TrtllmOptions | None 
     limits = engine_limits(engine_cfg)
     return [
         ("preprocessing", "preprocessing", tc.preprocessing_config(profile, limits)),
-        (profile.llm_model_name, str(WRAPPER_SOURCE), llm_wrapper_config(profile, options, limits)),
+        (profile.llm_model_name, WRAPPER_SOURCE, llm_wrapper_config(profile, options, limits)),
         (options.tensorrt_llm_model_name, None,
          tensorrt_llm_config(profile.engine_dir, engine_cfg, options, budget_tokens(profile.engine_dir),
                              profile.tokenizer_dir)),

@@ -13,9 +13,11 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from builders.trtllm.stream_state import Chunk, StreamState
+from serving.drain import LLM_GRACE_S, DrainGate
 from serving.stub_python import check_stub
 from serving.text import token_bytes_table
-from serving.triton_io import RequestError, error_response, llm_response, model_parameters, scalar, single_row
+from serving.triton_io import (RequestError, error_response, llm_response, model_parameters, scalar,
+                               shutting_down_response, single_row)
 
 # Our tensor name → the pinned tensorrt_llm model's (builders/trtllm/layout.py: TRTLLM_INPUT_NAMES).
 _FORWARD = {
@@ -33,11 +35,16 @@ class TritonPythonModel:
         self.trt_model = params["tensorrt_llm_model_name"]
         self.table = token_bytes_table(params["tokenizer_dir"])
         self.pool = ThreadPoolExecutor(max_workers=int(params["max_inflight"]), thread_name_prefix="trtllm-stream")
+        self.gate = DrainGate()  # the launcher's drain, as the CPU llm has it (serving/drain.py)
 
     # ---- request side (model thread): validate, build the BLS inputs, hand over -----------------------
     def execute(self, requests):
+        draining = self.gate.closed_for(LLM_GRACE_S)
         for request in requests:
             sender = request.get_response_sender()
+            if draining:
+                sender.send(shutting_down_response(), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
             try:
                 inputs, state = self._prepare(request)
                 outputs = frozenset(request.requested_output_names())

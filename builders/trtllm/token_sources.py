@@ -1,0 +1,135 @@
+"""Where the ``tensorrt_llm`` stand-in's tokens come from (model_repository/trtllm/tensorrt_llm_standin).
+
+Both sources take cpu_engine's ``GenerationRequest`` and report cpu_engine's ``TokenEvent`` through ``on_event``
+(one event per request per step, the last one with its finish reason), and have the engine's surface the stand-in
+uses: ``start``, ``submit``, ``queued``, ``active``, ``kv_occupancy``, ``shutdown``.
+
+- ``engine``: the CPU engine itself (cpu_engine.LLMEngine, public API only), so outputs are real and the GPU
+  layout's answers can be compared with the CPU layout's token for token.
+- ``null``: no model compute. Each step gives every running request its next token at once, cycling through its
+  own prompt (real token ids, so the text path downstream does real work); it ends at ``max_new_tokens`` or
+  ``end_id``. It measures what the serving path costs per token when the engine is never the bottleneck (a GPU
+  seen from two CPU cores). It ignores sampling, stop and bad words on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from cpu_engine import (EngineLimits, FinishReason, GenerationRequest, LLMEngine, QueueFullError, TokenEvent,
+                        load_engine, read_config)
+
+CANCEL_POLL_S = 0.02  # as cpu_engine: is_cancelled() may be an IPC round trip, so it is polled
+
+TOKEN_SOURCES = ("engine", "null")
+
+
+class NullSource:
+    """Tokens as fast as they are asked for: ``max_batch_size`` requests step together, the rest wait."""
+
+    def __init__(self, limits: EngineLimits, on_event: Callable[[TokenEvent], None]):
+        self.limits = limits
+        self.on_event = on_event
+        self._inbox: queue.SimpleQueue[GenerationRequest | None] = queue.SimpleQueue()
+        self._waiting: deque[GenerationRequest] = deque()
+        self._running: dict[str, tuple[GenerationRequest, list[int]]] = {}  # id → (request, output so far)
+        self._pending = 0  # submitted, not yet running (any thread reads; the lock guards writes)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="null-tokens", daemon=True)
+
+    def start(self) -> "NullSource":
+        self._thread.start()
+        return self
+
+    def submit(self, request: GenerationRequest) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                raise QueueFullError("the engine is shutting down and accepts no new requests")
+            if self._pending >= self.limits.max_queue_size:
+                raise QueueFullError(f"request queue is full ({self.limits.max_queue_size} waiting); retry later")
+            self._pending += 1
+        self._inbox.put(request)
+
+    @property
+    def queued(self) -> int:
+        return self._pending
+
+    @property
+    def active(self) -> int:
+        return len(self._running)
+
+    @property
+    def kv_occupancy(self) -> float:
+        return 0.0  # no KV cache
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self._stopping.set()
+        self._inbox.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        next_cancel_check = 0.0
+        while True:
+            idle = not self._running and not self._waiting
+            if idle and self._stopping.is_set() and self._inbox.empty():
+                return
+            try:
+                item = self._inbox.get(block=idle)
+                while True:
+                    if item is not None:
+                        self._waiting.append(item)
+                    item = self._inbox.get_nowait()
+            except queue.Empty:
+                pass
+            while self._waiting and len(self._running) < self.limits.max_batch_size:
+                request = self._waiting.popleft()
+                self._running[request.request_id] = (request, [])
+                with self._lock:
+                    self._pending -= 1
+            if time.monotonic() >= next_cancel_check:
+                next_cancel_check = time.monotonic() + CANCEL_POLL_S
+                for request_id, (request, output) in list(self._running.items()):
+                    if request.is_cancelled():
+                        self._end(request, output, None, FinishReason.CANCELLED)
+            for request, output in list(self._running.values()):
+                self._step(request, output)
+
+    def _step(self, request: GenerationRequest, output: list[int]) -> None:
+        prompt = request.prompt_ids
+        token = prompt[len(output) % len(prompt)]
+        if token == request.end_id:
+            self._end(request, output, None, FinishReason.STOP)
+            return
+        output.append(token)
+        if len(output) >= request.max_new_tokens:
+            self._end(request, output, token, FinishReason.LENGTH)
+        else:
+            self.on_event(TokenEvent(request.request_id, token, None, len(prompt), len(output)))
+
+    def _end(self, request: GenerationRequest, output: list[int], token: int | None, reason: FinishReason) -> None:
+        del self._running[request.request_id]
+        self.on_event(TokenEvent(request.request_id, token, reason, len(request.prompt_ids), len(output)))
+
+
+def open_source(kind: str, engine_dir: str, max_queue_size: int, on_event: Callable[[TokenEvent], None],
+                token_bytes: list[bytes], cpu_threads: int = 0):
+    """A started token source; the engine's limits come from its ``config.json`` either way."""
+    if kind not in TOKEN_SOURCES:
+        raise ValueError(f"token source {kind!r}: expected one of {', '.join(TOKEN_SOURCES)}")
+    build = read_config(engine_dir)["build_config"]
+    limits = EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
+                          max_num_tokens=build["max_num_tokens"], max_queue_size=max_queue_size)
+    if kind == "null":
+        return NullSource(limits, on_event).start()
+    torch.set_num_threads(cpu_threads or os.cpu_count())  # once, at start-up, as the CPU llm does
+    loaded = load_engine(engine_dir)
+    return LLMEngine(loaded.model, limits, on_event=on_event, token_bytes=token_bytes,
+                     dtype=loaded.compute_dtype).start()
