@@ -1,4 +1,9 @@
-"""Session fixtures: a tiny random Llama, its CPU engine, the rendered repository and a real tritonserver."""
+"""Session fixtures: a tiny random Llama, its CPU engine, the rendered repository and a real tritonserver.
+
+``triton`` is parametrised over the two layouts (tests/stack.py LAYOUTS): the CPU one, and the GPU one with the
+``tensorrt_llm`` stand-in over the same CPU engine. A module marked ``both_layouts`` runs its ``triton`` tests
+against each (one session server per layout); every other test gets the CPU layout only.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,17 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tests.stack import TEST_LIMITS, stack_profile
+from tests.stack import LAYOUTS, TEST_LIMITS, render_layout, stack_profile
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "both_layouts: run the module's `triton` tests against every layout "
+                                       "(tests/stack.py LAYOUTS), not only the CPU one")
+
+
+def pytest_generate_tests(metafunc):
+    if "triton" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_layouts") is None:
+        metafunc.parametrize("triton", ["cpu"], indirect=True, scope="session")
 
 
 @pytest.fixture(scope="session")
@@ -40,15 +55,19 @@ def model_repository(test_profile, tmp_path_factory) -> Path:
     return render_repository(test_profile, tmp_path_factory.mktemp("repo") / "model_repository")
 
 
-@pytest.fixture(scope="session")
-def triton(model_repository, tmp_path_factory):
-    """A real tritonserver on free ports, shared by the whole session."""
+@pytest.fixture(scope="session", params=LAYOUTS)
+def triton(request, test_profile, model_repository, tmp_path_factory):
+    """A real tritonserver on free ports, one per layout, shared by the whole session; ``layout`` says which."""
     from serving.launcher import ServerConfig, TritonServer
 
-    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    config = ServerConfig(model_repository=model_repository, http_port=0, grpc_port=0, metrics_port=0,
+    layout = request.param
+    repo = model_repository if layout == "cpu" else render_layout(
+        layout, test_profile, tmp_path_factory.mktemp(f"repo-{layout}") / "model_repository")
+    log = tmp_path_factory.mktemp(f"triton-{layout}") / "tritonserver.log"
+    config = ServerConfig(model_repository=repo, http_port=0, grpc_port=0, metrics_port=0,
                           exit_timeout_secs=10, log_file=log)
     with TritonServer(config, ready_timeout=240) as server:
+        server.layout = layout
         yield server
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from builders.trtllm.standin import LAYOUTS, render_layout  # noqa: F401 - the layouts the end-to-end tests serve
+
 # Small limits so bad-input cases (over-long prompts, too many tokens) are cheap to provoke.
 TEST_LIMITS = dict(max_batch_size=8, max_input_len=192, max_seq_len=256, max_num_tokens=64)
 
@@ -17,3 +19,4 @@ def stack_profile(engine: Path, tokenizer: Path, *, llm_queue: int = 32, text_qu
     return ServingProfile(name="test", engine_dir=engine, tokenizer_dir=tokenizer, max_batch_size=max_batch_size,
                           preprocessing=Stage(instances=text_instances, batcher=batcher),
                           llm=LLMStage(max_queue_size=llm_queue, cpu_threads=1))
+

@@ -8,6 +8,8 @@ import requests
 
 from tests.triton_helpers import make_input, stream_request, text_inputs
 
+pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
+
 CASES = [
     ({"text_input": "", "max_tokens": 8}, "text_input is empty"),
     ({"text_input": "x = 1 " * 400, "max_tokens": 8}, "at most 192 input tokens"),

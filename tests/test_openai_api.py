@@ -16,6 +16,8 @@ import requests
 from client import LLMClient, SamplingParams
 from tests.openai_front import FrontDoorProcess
 
+pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
+
 CHAT = [{"role": "user", "content": "def fibonacci(n): 日本語 😀"}]
 
 

@@ -13,6 +13,8 @@ import requests
 from tests.openai_front import FrontDoorProcess
 from tests.stack import stack_profile
 
+pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
+
 MODEL = "tiny"
 MSGS = [{"role": "user", "content": "hi"}]
 

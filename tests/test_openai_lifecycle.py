@@ -17,6 +17,8 @@ from serving.prometheus import scrape, total
 from tests.openai_front import FrontDoorProcess
 from tests.triton_helpers import wait_for
 
+pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
+
 MODEL = "tiny"
 PROMPT = "def fibonacci(n):"
 

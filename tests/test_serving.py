@@ -15,6 +15,8 @@ from builders import triton_config as tc
 from builders.triton_config import parse_pbtxt, to_pbtxt
 from tests.triton_helpers import make_input, stream_request, text_inputs, texts
 
+pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
+
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Parser:\n    def __init__(self", "x = [1, 2, 3]"]
 UNICODE_PROMPTS = ["# 你好，世界 — 日本語のテキスト", "emoji 👋🏽🎉 and café", "  leading  spaces\tand tabs"]
 

@@ -83,7 +83,7 @@ def _check_engine(argv):
 
 def _standin(argv):
     from ..profile import PROJECT_ROOT, ServingProfile
-    from .standin import render_standin_repository
+    from .standin import render_layout
     from .token_sources import TOKEN_SOURCES
 
     p = argparse.ArgumentParser(prog="python -m builders.trtllm standin")
@@ -91,7 +91,7 @@ def _standin(argv):
     p.add_argument("--out", default=str(PROJECT_ROOT / "build/model_repository"))
     p.add_argument("--token-source", choices=TOKEN_SOURCES, default="engine")
     a = p.parse_args(argv)
-    out = render_standin_repository(ServingProfile.from_yaml(a.profile), a.out, a.token_source)
+    out = render_layout("trtllm-standin", ServingProfile.from_yaml(a.profile), a.out, a.token_source)
     print(f"GPU layout with the tensorrt_llm stand-in ({a.token_source} tokens) rendered to {out}")
     return 0
 

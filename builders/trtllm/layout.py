@@ -177,7 +177,8 @@ def tensorrt_llm_config(engine_dir: str | Path, engine_cfg: dict, options: Trtll
 def llm_wrapper_config(profile: ServingProfile, options: TrtllmOptions, limits: dict) -> mc.ModelConfig:
     """The ``llm`` step of the ensemble: the CPU llm's tensor contract, served over ``tensorrt_llm``."""
     inflight = options.max_inflight or 2 * limits["max_batch_size"]
-    cfg = tc._python_model(profile.llm_model_name, profile.max_batch_size, tc.LLM_INPUTS, tc.LLM_OUTPUTS,
+    cfg = tc._python_model(profile.llm_model_name, profile.max_batch_size, tc.LLM_INPUTS + tc.LLM_CONTROL_INPUTS,
+                           tc.LLM_OUTPUTS,
                            profile.llm.instances,
                            {"tensorrt_llm_model_name": options.tensorrt_llm_model_name,
                             "tokenizer_dir": profile.tokenizer_dir, "max_inflight": inflight,

@@ -16,8 +16,9 @@ from pathlib import Path
 from ..profile import ServingProfile
 from .layout import engine_info, engine_limits, model_configs_trtllm
 from .options import TrtllmOptions
-from .token_sources import TOKEN_SOURCES
 
+#: What ``make serve LAYOUT=…`` and the end-to-end tests (tests/conftest.py) serve: the CPU llm, or the GPU
+#: layout (llm wrapper over tensorrt_llm) with the stand-in over the same CPU engine.
 LAYOUTS = ("cpu", "trtllm-standin")
 STANDIN_SOURCE = "trtllm/tensorrt_llm_standin"
 
@@ -33,6 +34,8 @@ def standin_engine_config(engine_dir: str | Path) -> dict:
 
 def standin_configs(profile: ServingProfile, token_source: str = "engine", options: TrtllmOptions | None = None):
     """(model name, source, ModelConfig) of the GPU repository over a CPU engine (a CPU profile's engine)."""
+    from .token_sources import TOKEN_SOURCES  # it loads the engine's modules (torch): only when rendering
+
     if token_source not in TOKEN_SOURCES:
         raise ValueError(f"token source {token_source!r}: expected one of {', '.join(TOKEN_SOURCES)}")
     options = options or TrtllmOptions(max_tokens_in_paged_kv_cache="unset")
@@ -53,7 +56,12 @@ def standin_configs(profile: ServingProfile, token_source: str = "engine", optio
     return configs
 
 
-def render_standin_repository(profile: ServingProfile, out_dir: str | Path, token_source: str = "engine") -> Path:
+def render_layout(layout: str, profile: ServingProfile, out_dir: str | Path, token_source: str = "engine") -> Path:
+    """``profile``'s repository (a CPU profile) in ``layout``, one of LAYOUTS."""
     from ..repository import render_repository
 
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+    if layout == "cpu":
+        return render_repository(profile, out_dir)
     return render_repository(profile, out_dir, standin_configs(profile, token_source))

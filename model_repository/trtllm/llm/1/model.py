@@ -7,6 +7,8 @@ through ``tensorrt_llm`` with a decoupled BLS call and answers with ``output_ids
 Cancellation by the client cancels the BLS stream, which stops the request inside TensorRT-LLM.
 """
 
+import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -36,28 +38,55 @@ class TritonPythonModel:
         self.table = token_bytes_table(params["tokenizer_dir"])
         self.pool = ThreadPoolExecutor(max_workers=int(params["max_inflight"]), thread_name_prefix="trtllm-stream")
         self.gate = DrainGate()  # the launcher's drain, as the CPU llm has it (serving/drain.py)
+        self._running: Counter[str] = Counter()  # client request ids of the streams in flight, for `stop`
+        self._running_lock = threading.Lock()  # execute() adds, worker threads remove
 
     # ---- request side (model thread): validate, build the BLS inputs, hand over -----------------------
     def execute(self, requests):
         draining = self.gate.closed_for(LLM_GRACE_S)
         for request in requests:
             sender = request.get_response_sender()
-            if draining:
-                sender.send(shutting_down_response(), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                continue
             try:
+                if scalar(request, "stop", bool):  # honoured while draining too: it ends work, starts none
+                    self._stop(request.request_id(), sender)
+                    continue
+                if draining:
+                    sender.send(shutting_down_response(), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    continue
                 inputs, state = self._prepare(request)
                 outputs = frozenset(request.requested_output_names())
             except (RequestError, ValueError) as exc:
                 sender.send(error_response(exc), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            self.pool.submit(self._stream, inputs, state, sender, outputs)
+            client_id = request.request_id()
+            with self._running_lock:
+                self._running[client_id] += 1
+            self.pool.submit(self._stream, inputs, state, sender, outputs, client_id)
         return None
+
+    def _stop(self, client_id: str, sender) -> None:
+        """TensorRT-LLM's ``stop`` input, as the CPU llm takes it: end the running request with this request id.
+        The BLS stream carries the client's id, so ``tensorrt_llm`` finds it (the backend's handleStopRequest);
+        it answers with one empty final response. Triton wants the backend's two required inputs even here."""
+        if not client_id or not self._running[client_id]:
+            raise RequestError(f"stop: no running request with id {client_id!r}")
+        one = np.ones((1, 1), dtype=np.int32)
+        stop = pb_utils.InferenceRequest(
+            model_name=self.trt_model, request_id=client_id, requested_output_names=[],
+            inputs=[pb_utils.Tensor("stop", np.array([[True]])), pb_utils.Tensor("input_lengths", one),
+                    pb_utils.Tensor("request_output_len", one)])
+        for response in stop.exec(decoupled=True):
+            if response.has_error():
+                raise RequestError(f"stop: {response.error().message()}")
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _prepare(self, request):
         ids = single_row(request, "input_ids")
         if ids is None or ids.size == 0:
             raise RequestError("input_ids is empty: send at least one token")
+        if ids.min() < 0 or ids.max() >= len(self.table):  # the CPU llm's check; TensorRT-LLM may not check at all
+            raise RequestError(f"input_ids must be token ids in [0, {len(self.table)}), got "
+                               f"min {ids.min()} max {ids.max()}")
         max_tokens = scalar(request, "request_output_len", int)
         if max_tokens is None or max_tokens < 1:
             raise RequestError("request_output_len must be ≥ 1")
@@ -79,9 +108,9 @@ class TritonPythonModel:
         return inputs, StreamState(self.table, streaming, max_tokens, length, echo)
 
     # ---- worker threads: one BLS stream per request ------------------------------------------------------
-    def _stream(self, inputs, state: StreamState, sender, outputs: frozenset[str]):
+    def _stream(self, inputs, state: StreamState, sender, outputs: frozenset[str], client_id: str):
         try:
-            bls = pb_utils.InferenceRequest(model_name=self.trt_model, inputs=inputs,
+            bls = pb_utils.InferenceRequest(model_name=self.trt_model, inputs=inputs, request_id=client_id,
                                             requested_output_names=["output_ids", "sequence_length"])
             responses = bls.exec(decoupled=True)
             cancelled = False
@@ -110,6 +139,11 @@ class TritonPythonModel:
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception as send_exc:  # noqa: BLE001 - client gone
                 pb_utils.Logger.log_error(f"llm: sending an error response failed: {send_exc}")
+        finally:
+            with self._running_lock:
+                self._running[client_id] -= 1
+                if not self._running[client_id]:
+                    del self._running[client_id]
 
     def _response(self, chunk: Chunk, outputs: frozenset[str]):
         return llm_response(self.table, chunk.ids, chunk.finish_reason, chunk.num_input_tokens,
