@@ -108,7 +108,7 @@ clean:
 	rm -rf build
 
 # ---- GPU path (plans run anywhere; builds need a GPU and the pinned TensorRT-LLM image) ----
-.PHONY: gpu-plan lint-docker image-cpu image-gpu
+.PHONY: gpu-plan lint-docker base-image image image-test image-gpu
 gpu-plan: $(VENV)/.installed
 	$(PY) -m builders engine --target trtllm --checkpoint $(MODEL_DIR) --output build/gpu/default-$(or $(VARIANT),fp16) \
 	  --variant $(or $(VARIANT),fp16) --gpu $(or $(GPU),H100) --max-batch-size 16 --max-input-len 768 \
@@ -117,8 +117,20 @@ gpu-plan: $(VENV)/.installed
 lint-docker: $(VENV)/.installed
 	$(VENV)/bin/hadolint --config .hadolint.yaml Dockerfile Dockerfile.cpu
 
-image-cpu:
-	docker build -f Dockerfile.cpu -t triton-llm-stack:cpu .
+# ---- The CPU image (README: "Container"): podman, or docker where that is what the machine has ----
+# make base-image: a local Debian 12 base with Python 3.11 (debootstrap; for machines without an image registry).
+# make image: the engine `make serve` serves, then Dockerfile.cpu (scripts/image_build.sh picks the base and passes
+# this machine's pip configuration in at build time). make image-test: runs it and tests it (scripts/image_test.py).
+IMAGE ?= triton-llm-stack:cpu
+
+base-image:
+	scripts/base_image.sh
+
+image: $(ENGINE_DIR)/config.json
+	PYTHON=$(PY) scripts/image_build.sh $(IMAGE)
+
+image-test: $(VENV)/.installed
+	$(PY) scripts/image_test.py --image $(IMAGE) $(IMAGE_TEST_ARGS)
 
 image-gpu:
 	docker build -t triton-llm-stack:gpu .
