@@ -2,7 +2,7 @@
 stand-in (model_repository/trtllm/tensorrt_llm_standin) over the CPU engine or the ``null`` token source.
 
 Only three things differ from the GPU repository: ``tensorrt_llm``'s ``backend`` (python, not tensorrtllm) and
-its source folder, and three ``standin_*`` parameters (token source, engine limits); everything else —
+its source folder, and ``standin_*`` parameters (token source and its pace, engine limits); everything else —
 inputs, outputs, dtypes, dims, optional flags, batching, the backend's own parameters — is
 ``layout.tensorrt_llm_config``, the function that renders the real one, so the two cannot drift.
 ``gpt_model_path`` names the CPU engine, whose ``config.json`` is in TensorRT-LLM's engine schema.
@@ -32,7 +32,8 @@ def standin_engine_config(engine_dir: str | Path) -> dict:
     return cfg
 
 
-def standin_configs(profile: ServingProfile, token_source: str = "engine", options: TrtllmOptions | None = None):
+def standin_configs(profile: ServingProfile, token_source: str = "engine", options: TrtllmOptions | None = None,
+                    null_step_ms: float = 0.0):
     """(model name, source, ModelConfig) of the GPU repository over a CPU engine (a CPU profile's engine)."""
     from .token_sources import TOKEN_SOURCES  # it loads the engine's modules (torch): only when rendering
 
@@ -50,7 +51,8 @@ def standin_configs(profile: ServingProfile, token_source: str = "engine", optio
             for key, value in {"standin_token_source": token_source,
                                "standin_cpu_threads": profile.llm.cpu_threads,
                                "standin_max_input_len": limits["max_input_len"],
-                               "standin_max_seq_len": limits["max_seq_len"]}.items():
+                               "standin_max_seq_len": limits["max_seq_len"],
+                               "standin_null_step_ms": null_step_ms}.items():
                 cfg.parameters[key].string_value = str(value)
         configs.append((name, source, cfg))
     return configs

@@ -8,8 +8,9 @@ uses: ``start``, ``submit``, ``queued``, ``active``, ``kv_occupancy``, ``shutdow
   layout's answers can be compared with the CPU layout's token for token.
 - ``null``: no model compute. Each step gives every running request its next token at once, cycling through its
   own prompt (real token ids, so the text path downstream does real work); it ends at ``max_new_tokens`` or
-  ``end_id``. It measures what the serving path costs per token when the engine is never the bottleneck (a GPU
-  seen from two CPU cores). It ignores sampling, stop and bad words on purpose.
+  ``end_id``. Steps follow each other as fast as the loop runs, or every ``step_s`` (a GPU's decode iteration),
+  so each token can leave as a response of its own. It measures what the serving path costs per token when the
+  engine is never the bottleneck (a GPU seen from two CPU cores). It ignores sampling, stop and bad words.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ TOKEN_SOURCES = ("engine", "null")
 class NullSource:
     """Tokens as fast as they are asked for: ``max_batch_size`` requests step together, the rest wait."""
 
-    def __init__(self, limits: EngineLimits, on_event: Callable[[TokenEvent], None]):
+    def __init__(self, limits: EngineLimits, on_event: Callable[[TokenEvent], None], step_s: float = 0.0):
         self.limits = limits
+        self.step_s = step_s
         self.on_event = on_event
         self._inbox: queue.SimpleQueue[GenerationRequest | None] = queue.SimpleQueue()
         self._waiting: deque[GenerationRequest] = deque()
@@ -76,8 +78,11 @@ class NullSource:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        next_cancel_check = 0.0
+        next_cancel_check = next_step = 0.0
         while True:
+            if self.step_s and self._running:  # the next decode iteration, not before
+                next_step = max(next_step + self.step_s, time.monotonic())
+                time.sleep(max(next_step - time.monotonic(), 0.0))
             idle = not self._running and not self._waiting
             if idle and self._stopping.is_set() and self._inbox.empty():
                 return
@@ -120,7 +125,7 @@ class NullSource:
 
 
 def open_source(kind: str, engine_dir: str, max_queue_size: int, on_event: Callable[[TokenEvent], None],
-                token_bytes: list[bytes], cpu_threads: int = 0):
+                token_bytes: list[bytes], cpu_threads: int = 0, null_step_s: float = 0.0):
     """A started token source; the engine's limits come from its ``config.json`` either way."""
     if kind not in TOKEN_SOURCES:
         raise ValueError(f"token source {kind!r}: expected one of {', '.join(TOKEN_SOURCES)}")
@@ -128,7 +133,7 @@ def open_source(kind: str, engine_dir: str, max_queue_size: int, on_event: Calla
     limits = EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
                           max_num_tokens=build["max_num_tokens"], max_queue_size=max_queue_size)
     if kind == "null":
-        return NullSource(limits, on_event).start()
+        return NullSource(limits, on_event, null_step_s).start()
     torch.set_num_threads(cpu_threads or os.cpu_count())  # once, at start-up, as the CPU llm does
     loaded = load_engine(engine_dir)
     return LLMEngine(loaded.model, limits, on_event=on_event, token_bytes=token_bytes,

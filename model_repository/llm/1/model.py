@@ -60,8 +60,13 @@ class TritonPythonModel:
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         limits = EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
                               max_num_tokens=build["max_num_tokens"], max_queue_size=int(params["max_queue_size"]))
-        self.engine = LLMEngine(loaded.model, limits, on_event=self._events.put, token_bytes=self.table,
-                                dtype=loaded.compute_dtype).start()
+        if params.get("token_source") == "null":  # tokens without model compute: loadtest/cost_per_token.py
+            from builders.trtllm.token_sources import NullSource
+
+            self.engine = NullSource(limits, self._events.put, float(params.get("null_step_ms", "0")) / 1e3).start()
+        else:
+            self.engine = LLMEngine(loaded.model, limits, on_event=self._events.put, token_bytes=self.table,
+                                    dtype=loaded.compute_dtype).start()
         self._sender = threading.Thread(target=self._send_loop, name="llm-responses", daemon=True)
         self._sender.start()
         pb_utils.Logger.log_info(f"CPU engine loaded from {params['engine_dir']} in {loaded.load_seconds:.2f}s "

@@ -2,7 +2,7 @@
 Python backend (``make serve LAYOUT=trtllm-standin``; builders/trtllm/standin.py renders it).
 
 Its config.pbtxt is the one the GPU layout renders for the real backend (builders/trtllm/layout.py
-``tensorrt_llm_config``) with only ``backend`` swapped and two ``standin_*`` parameters added, so the ``llm``
+``tensorrt_llm_config``) with only ``backend`` swapped and ``standin_*`` parameters added, so the ``llm``
 wrapper meets the same inputs, outputs and parameters here as on a GPU. Tokens come from the CPU engine or the
 ``null`` source (builders/trtllm/token_sources.py).
 
@@ -86,7 +86,8 @@ class TritonPythonModel:
         # launcher's drain (serving/drain.py) waits on them until the streams in flight have finished.
         self.metrics = LLMMetrics(args["model_name"], args["model_version"])
         self.source = open_source(params["standin_token_source"], params["gpt_model_path"], queue_size,
-                                  self._events.put, table, int(params.get("standin_cpu_threads", "0")))
+                                  self._events.put, table, int(params.get("standin_cpu_threads", "0")),
+                                  float(params["standin_null_step_ms"]) / 1e3)
         self.max_input_len = int(params["standin_max_input_len"])
         self.max_seq_len = int(params["standin_max_seq_len"])
         self._sender = threading.Thread(target=self._send_loop, name="tensorrt_llm-responses", daemon=True)
