@@ -93,7 +93,7 @@ def test_rendered_configs_parse_and_carry_limits(fixture):
     llm_source, llm = configs["llm"]
     assert Path(__file__).parents[1].joinpath("model_repository", llm_source, "1", "model.py").exists()
     assert llm.backend == "python" and llm.model_transaction_policy.decoupled
-    assert [i.name for i in llm.input] == [t.name for t in tc.LLM_INPUTS]
+    assert [i.name for i in llm.input] == [t.name for t in tc.LLM_INPUTS + tc.LLM_CONTROL_INPUTS]  # stop, as on CPU
     assert [o.name for o in llm.output] == [t.name for t in tc.LLM_OUTPUTS]
     llm_params = {k: v.string_value for k, v in llm.parameters.items()}
     assert llm_params["tensorrt_llm_model_name"] == "tensorrt_llm"
