@@ -69,7 +69,12 @@ engine: $(ENGINE_DIR)/config.json
 repository: $(ENGINE_DIR)/config.json
 	$(PY) -m builders repository --profile $(PROFILE) --out $(REPOSITORY)
 
+# LAYOUT=trtllm-standin: the GPU layout (llm wrapper over tensorrt_llm) with the tensorrt_llm stand-in over the same
+# CPU engine (model_repository/README.md); same ports, drain and OpenAI front door.
+LAYOUT ?= cpu
 serve: repository
+	$(if $(filter trtllm-standin,$(LAYOUT)),$(PY) -m builders.trtllm standin --profile $(PROFILE) --out $(REPOSITORY),\
+	  $(if $(filter cpu,$(LAYOUT)),,$(error LAYOUT must be cpu or trtllm-standin, not '$(LAYOUT)')))
 	exec $(PY) -m serving serve --model-repository $(REPOSITORY)
 
 test: $(VENV)/.installed
