@@ -1,5 +1,6 @@
-"""Local calibration text for SmoothQuant (``int8_sq``): token windows of real English prose taken evenly across
-the calibration part of :mod:`builders.english_text` (standard-library docstrings and the Language Reference).
+"""Local calibration for SmoothQuant (``int8_sq``) and AWQ (``int4_awq``): token windows of real English prose taken
+evenly across the calibration part of :mod:`builders.english_text` (standard-library docstrings and the Language
+Reference), and the activation-aware scale search of AWQ on them.
 
 No hub dataset is involved, so calibration works offline and is reproducible; the held-out evaluation text
 (``english_text.evaluation_texts()``) is never seen here.
@@ -8,8 +9,15 @@ No hub dataset is involved, so calibration works offline and is reproducible; th
 from __future__ import annotations
 
 import torch
+from torch import nn
+
+from cpu_engine.quant import int4_group_dequantise, int4_group_quantise
 
 from .english_text import calibration_texts, token_stream
+
+AWQ_GRID = 20  # exponents α in 0, 0.05, …, 1 tried per projection group
+AWQ_ROWS = 512  # activation rows kept per input for the search (the per-channel mean uses every row)
+AWQ_INPUTS = ("self_attn.q_proj", "mlp.gate_proj", "mlp.down_proj")  # o_proj is left unscaled (see apply_awq)
 
 
 def calibration_batches(tokenizer, samples: int = 64, seq_len: int = 256, batch_size: int = 8) -> list[torch.Tensor]:
@@ -22,3 +30,69 @@ def calibration_batches(tokenizer, samples: int = 64, seq_len: int = 256, batch_
     picks = [int(i * n_windows / samples) * seq_len for i in range(samples)]
     windows = torch.tensor([ids[start:start + seq_len] for start in picks])
     return list(windows.split(batch_size))
+
+
+def awq_statistics(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per input of ``AWQ_INPUTS`` (our names): (mean |x| per channel, ``AWQ_ROWS`` sample rows), from a Hugging
+    Face causal LM run on ``batches``."""
+    sums: dict[str, torch.Tensor] = {}
+    rows: dict[str, list[torch.Tensor]] = {}
+    total = sum(b.numel() for b in batches)
+    stride = max(1, total // AWQ_ROWS)  # rows kept evenly across the batches
+
+    def hook(name):
+        def record(_module, inputs, _output):
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float()
+            sums[name] = sums.get(name, 0) + x.abs().sum(dim=0)
+            rows.setdefault(name, []).append(x[::stride])
+        return record
+
+    handles = [m.register_forward_hook(hook(name.removeprefix("model.")))
+               for name, m in model.named_modules() if name.endswith(AWQ_INPUTS)]
+    try:
+        with torch.inference_mode():
+            for batch in batches:
+                model(batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return {name: (sums[name] / total, torch.cat(rows[name])[:AWQ_ROWS]) for name in sums}
+
+
+def awq_scale(weight: torch.Tensor, x: torch.Tensor, act_mean: torch.Tensor, group_size: int) -> torch.Tensor:
+    """AWQ: the per-input-channel scale s = mean|x|^α (α searched) that minimises ‖x Wᵀ − x (Q(W·s)/s)ᵀ‖²:
+    salient input channels get finer quantisation steps."""
+    reference = x @ weight.T
+    best, best_error = torch.ones_like(act_mean), float("inf")
+    for i in range(AWQ_GRID + 1):
+        s = act_mean.clamp(min=1e-5).pow(i / AWQ_GRID)
+        s = s / (s.max() * s.min()).sqrt()
+        fake = int4_group_dequantise(*int4_group_quantise(weight * s, group_size)) / s
+        error = (x @ fake.T - reference).pow(2).mean().item()
+        if error < best_error:
+            best, best_error = s, error
+    return best
+
+
+def apply_awq(weights: dict[str, torch.Tensor], stats: dict, num_layers: int, group_size: int) -> None:
+    """Scale fp32 ``weights`` (our names) in place, folding each 1/s into what produces the scaled input, so the
+    model computes the same function: q/k/v's into ``input_layernorm``, gate/up's into
+    ``post_attention_layernorm``, down's into up's rows. o_proj stays unscaled: with grouped-query attention its
+    input channels repeat v's rows across heads, so no v row scaling fits them all (AWQ skips it too)."""
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        w = {k: p + k + ".weight" for k in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                                            "input_layernorm", "post_attention_layernorm")}
+        mean, x = stats[p + "mlp.down_proj"]
+        s = awq_scale(weights[w["mlp.down_proj"]], x, mean, group_size)
+        weights[w["mlp.down_proj"]] *= s
+        weights[w["mlp.up_proj"]] /= s[:, None]
+        for proj, norm, source in ((("q_proj", "k_proj", "v_proj"), "input_layernorm", "self_attn.q_proj"),
+                                   (("gate_proj", "up_proj"), "post_attention_layernorm", "mlp.gate_proj")):
+            names = [w[("self_attn." if n.endswith(("q_proj", "k_proj", "v_proj")) else "mlp.") + n] for n in proj]
+            mean, x = stats[p + source]
+            s = awq_scale(torch.cat([weights[n] for n in names]), x, mean, group_size)
+            for n in names:
+                weights[n] *= s
+            weights[w[norm]] /= s

@@ -14,7 +14,8 @@ from cpu_engine.engine_dir import CPU_ENGINE_VERSION, DTYPES, WEIGHTS_FILE
 from cpu_engine.quant import QUANT_ALGOS, bf16_supported, quantise_state_dict
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM"}
-VARIANTS = ("fp32", "bf16", "int8_wo", "int8_sq", "fp8")
+VARIANTS = ("fp32", "bf16", "int8_wo", "int8_sq", "int4_awq", "fp8")
+AWQ_GROUP_SIZES = (128, 64, 32)  # TensorRT-LLM's W4A16_AWQ default is 128; the largest that divides every input width
 
 
 @dataclass(frozen=True)
@@ -91,18 +92,36 @@ def compute_dtype(variant: str) -> str:
     return "float32"  # no fast bf16 on this CPU: quantised weights with fp32 activations
 
 
-def _calibration_absmax(checkpoint: Path, samples: int, seq_len: int) -> dict[str, torch.Tensor]:
-    """Activation ranges of the full-precision model on local text (no hub dataset, works offline)."""
+def _calibration_model(checkpoint: Path, samples: int, seq_len: int):
+    """The full-precision Hugging Face model and local calibration batches (no hub dataset, works offline)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from cpu_engine.quant import collect_activation_absmax
 
     from .calibration import calibration_batches
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True, dtype=torch.float32).eval()
-    batches = calibration_batches(tokenizer, samples=samples, seq_len=seq_len)
+    return model, calibration_batches(tokenizer, samples=samples, seq_len=seq_len)
+
+
+def _calibration_absmax(checkpoint: Path, samples: int, seq_len: int) -> dict[str, torch.Tensor]:
+    from cpu_engine.quant import collect_activation_absmax
+
+    model, batches = _calibration_model(checkpoint, samples, seq_len)
     return collect_activation_absmax(model, tqdm(batches, desc="calibrating SmoothQuant", unit="batch"))
+
+
+def _awq(checkpoint: Path, weights: dict[str, torch.Tensor], pc: dict, samples: int, seq_len: int) -> int:
+    """AWQ-scale ``weights`` in place (builders/calibration.py); returns the group size used."""
+    from .calibration import apply_awq, awq_statistics
+
+    widths = (pc["hidden_size"], pc["intermediate_size"], pc["num_attention_heads"] * pc["head_size"])
+    group_size = next((g for g in AWQ_GROUP_SIZES if all(w % g == 0 for w in widths)), None)
+    if group_size is None:
+        raise ValueError(f"int4_awq needs input widths {widths} divisible by one of {AWQ_GROUP_SIZES}")
+    model, batches = _calibration_model(checkpoint, samples, seq_len)
+    stats = awq_statistics(model, batches)
+    apply_awq(weights, stats, pc["num_hidden_layers"], group_size)
+    return group_size
 
 
 def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, variant: str = "fp32",
@@ -115,20 +134,25 @@ def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, variant: st
     pc = pretrained_config(hf, dtype)
     limits.validate(pc["max_position_embeddings"])
     weights = {}
-    for name, tensor in tqdm(_hf_state_dict(checkpoint).items(), desc=f"converting to {dtype}", unit="tensor"):
+    for name, tensor in tqdm(_hf_state_dict(checkpoint).items(), desc="loading fp32", unit="tensor"):
         name = name.removeprefix("model.")
-        if name == "lm_head.weight" and pc["tie_word_embeddings"]:
-            continue
-        # Projections to be quantised stay fp32 until quantisation; everything else takes the compute dtype.
+        if not (name == "lm_head.weight" and pc["tie_word_embeddings"]):
+            weights[name] = tensor.float()
+    absmax, build_extra = None, {}
+    if variant == "int8_sq":
+        absmax = _calibration_absmax(checkpoint, calib_samples, min(256, limits.max_seq_len))
+        build_extra = {"smoothquant_alpha": sq_alpha, "calibration_samples": calib_samples}
+    if variant == "int4_awq":
+        group_size = _awq(checkpoint, weights, pc, calib_samples, min(256, limits.max_seq_len))
+        pc["quantization"].update(group_size=group_size, has_zero_point=True, pre_quant_scale=False)
+        build_extra = {"calibration_samples": calib_samples}
+    # Projections to be quantised stay fp32 until quantisation; everything else takes the compute dtype.
+    for name, tensor in weights.items():
         to_quantise = variant in QUANT_ALGOS and name.endswith("_proj.weight")
         weights[name] = tensor.to(torch.float32 if to_quantise else DTYPES[dtype]).contiguous()
-    build_extra = {}
     if variant in QUANT_ALGOS:
-        absmax = None
-        if variant == "int8_sq":
-            absmax = _calibration_absmax(checkpoint, calib_samples, min(256, limits.max_seq_len))
-            build_extra = {"smoothquant_alpha": sq_alpha, "calibration_samples": calib_samples}
-        weights = quantise_state_dict(weights, variant, absmax, sq_alpha)
+        weights = quantise_state_dict(weights, variant, absmax, sq_alpha,
+                                      pc["quantization"].get("group_size"))
         pc["quantization"]["quant_algo"] = QUANT_ALGOS[variant]
     output_dir.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(output_dir / WEIGHTS_FILE))

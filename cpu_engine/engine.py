@@ -18,6 +18,7 @@ from .kv_cache import KVCache
 from .model import Transformer
 from .sampling import Sampler
 from .scheduler import FinishReason, GenerationRequest, Scheduler, Sequence
+from .threads import on_scratch_thread
 
 
 CANCEL_POLL_S = 0.02  # how stale a cancellation may be before its slot is freed
@@ -51,7 +52,8 @@ class LLMEngine:
                  token_bytes: list[bytes] | None = None, dtype: torch.dtype = torch.float32):
         self.model = model.eval()
         self.limits = limits
-        self.cache = KVCache(model.args, limits.max_batch_size, limits.max_seq_len, dtype)
+        # Zeroing the cache is a parallel op: off the caller's thread (threads.py).
+        self.cache = on_scratch_thread(KVCache, model.args, limits.max_batch_size, limits.max_seq_len, dtype)
         self.scheduler = Scheduler(limits.max_batch_size, limits.max_num_tokens)
         self.on_event = on_event
         self.token_bytes = token_bytes

@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from .model import ModelArgs, Transformer
-from .quant import QUANT_ALGOS, fp8_dequantise, quantisable_linears, swap_linears
+from .quant import QUANT_ALGOS, fp8_dequantise, fuse_projections, prepare_for_cpu, swap_linears
+from .threads import on_scratch_thread
 
 CPU_ENGINE_VERSION = "cpu-engine-1"
 WEIGHTS_FILE = "rank0.safetensors"
@@ -42,6 +43,11 @@ def read_config(engine_dir: str | Path) -> dict:
 
 
 def load_engine(engine_dir: str | Path) -> LoadedEngine:
+    # Off the caller's thread: an OpenMP pool left on it would slow the engine thread (cpu_engine/threads.py).
+    return on_scratch_thread(_load_engine, engine_dir)
+
+
+def _load_engine(engine_dir: str | Path) -> LoadedEngine:
     start = time.perf_counter()
     config = read_config(engine_dir)
     if config.get("version") != CPU_ENGINE_VERSION:
@@ -57,12 +63,14 @@ def load_engine(engine_dir: str | Path) -> LoadedEngine:
     # Parameters take the compute dtype first; quantised modules keep their own buffer dtypes, and
     # load_state_dict copies (and casts) into whatever is there.
     model = Transformer(ModelArgs.from_pretrained_config(pc)).to(dtype)
-    swap_linears(model, variant)
+    swap_linears(model, variant, pc["quantization"].get("group_size"))
     state = load_file(str(Path(engine_dir) / WEIGHTS_FILE))
     if variant == "fp8":
-        for prefix in quantisable_linears(model):
-            fp8_dequantise(state, prefix, dtype)
+        for name in [n for n in state if n.endswith("_proj.scales")]:
+            fp8_dequantise(state, name.removesuffix(".scales"), dtype)
     if model.args.tie_word_embeddings:
         state.setdefault("lm_head.weight", state["embed_tokens.weight"])
+    fuse_projections(state)
     model.load_state_dict(state, strict=True)
+    prepare_for_cpu(model, variant, dtype)
     return LoadedEngine(model.eval(), config, dtype, time.perf_counter() - start)

@@ -74,9 +74,10 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     return inv_freq
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, Hugging Face's half-split layout: x [B, T, heads, head_dim], cos/sin [B, T, 1, head_dim]."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class RMSNorm(nn.Module):
@@ -86,47 +87,59 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 like the reference implementation, then return to the compute dtype.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        # One fused op; in fp32 it is bit-identical to Hugging Face's five-op LlamaRMSNorm.
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What every layer needs for one forward block, computed once per forward."""
+
+    slots: torch.Tensor  # [B] KV-cache slot of each row
+    positions: torch.Tensor  # [B, T]
+    kv_len: int  # keys to attend over: the longest row's history
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor | None  # [B, 1, T, kv_len]; None when every query sees every key
+    rows: slice | None  # the slots as one ascending run: the cache is read as a view instead of gathered
+
+    def read(self, cache: torch.Tensor) -> torch.Tensor:
+        return cache[self.rows, :self.kv_len] if self.rows is not None else cache[self.slots, :self.kv_len]
 
 
 class Attention(nn.Module):
+    """q, k and v come from one fused projection (one weight read and one kernel call instead of three)."""
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.q_proj = nn.Linear(args.hidden_size, args.num_heads * args.head_dim, bias=False)
-        self.k_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=False)
-        self.v_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=False)
+        qkv_heads = args.num_heads + 2 * args.num_kv_heads
+        self.qkv_proj = nn.Linear(args.hidden_size, qkv_heads * args.head_dim, bias=False)
         self.o_proj = nn.Linear(args.num_heads * args.head_dim, args.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, slots, positions, kv_len, mask):
+    def forward(self, x: torch.Tensor, step: Step, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        a = self.args
-        q = self.q_proj(x).view(b, t, a.num_heads, a.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
-        q = q * cos + _rotate_half(q) * sin
-        k = (k * cos + _rotate_half(k) * sin).transpose(1, 2)
+        h, kvh = self.args.num_heads, self.args.num_kv_heads
+        qkv = self.qkv_proj(x).view(b, t, h + 2 * kvh, self.args.head_dim)
+        qk = _rope(qkv[:, :, :h + kvh], step.cos, step.sin)
         # Write this block's keys/values into each row's slot at its positions: cache is [slot, pos, kvh, hd].
-        k_cache[slots[:, None], positions] = k.to(k_cache.dtype)
-        v_cache[slots[:, None], positions] = v.to(v_cache.dtype)
-        keys = k_cache[slots, :kv_len].transpose(1, 2).to(q.dtype)
-        values = v_cache[slots, :kv_len].transpose(1, 2).to(q.dtype)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, a.num_heads * a.head_dim))
+        k_cache[step.slots[:, None], step.positions] = qk[:, :, h:]
+        v_cache[step.slots[:, None], step.positions] = qkv[:, :, h + kvh:]
+        out = F.scaled_dot_product_attention(qk[:, :, :h].transpose(1, 2), step.read(k_cache).transpose(1, 2),
+                                             step.read(v_cache).transpose(1, 2), attn_mask=step.mask,
+                                             enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, h * self.args.head_dim))
 
 
 class MLP(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -137,8 +150,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, slots, positions, kv_len, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, slots, positions, kv_len, mask)
+    def forward(self, x, step: Step, k_cache, v_cache):
+        x = x + self.self_attn(self.input_layernorm(x), step, k_cache, v_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -156,17 +169,28 @@ class Transformer(nn.Module):
         self.inv_freq = rope_inv_freq(args)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                cache: "KVCache", last_only: bool = True) -> torch.Tensor:
-        """tokens/positions: [B, T] (int64); slots: [B]. Returns fp32 logits [B, V] (last position) or [B, T, V]."""
-        kv_len = int(positions.max()) + 1
+                cache: "KVCache", last_only: bool = True, last: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens/positions: [B, T] (int64); slots: [B]. Returns fp32 logits [B, V] (last position, or column
+        ``last[b]`` of each row when rows are padded) or [B, T, V]."""
         x = self.embed_tokens(tokens).to(cache.compute_dtype)
-        freqs = positions[..., None].float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos()[:, None].to(x.dtype), emb.sin()[:, None].to(x.dtype)
-        # Causal within the block and bounded by each row's own history: key j is visible to query i iff j <= pos_i.
-        mask = (torch.arange(kv_len)[None, None, :] <= positions[:, :, None])[:, None]
+        step = self.step_inputs(positions, slots, x.dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, cache.layers):
-            x = layer(x, cos, sin, k_cache, v_cache, slots, positions, kv_len, mask)
-        if last_only:
+            x = layer(x, step, k_cache, v_cache)
+        if last is not None:
+            x = x[torch.arange(x.shape[0]), last]
+        elif last_only:
             x = x[:, -1]
         return self.lm_head(self.norm(x)).float()
+
+    def step_inputs(self, positions: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> Step:
+        kv_len = int(positions.max()) + 1
+        freqs = positions[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None]
+        # Causal within the block and bounded by each row's own history: key j is visible to query i iff j <= pos_i.
+        # A decode step whose rows all sit at the same position needs no mask (the common batch-1 case).
+        mask = None
+        if positions.shape[1] > 1 or int(positions.min()) != kv_len - 1:
+            mask = (torch.arange(kv_len)[None, None, :] <= positions[:, :, None])[:, None]
+        ids = slots.tolist()
+        rows = slice(ids[0], ids[-1] + 1) if ids == list(range(ids[0], ids[0] + len(ids))) else None
+        return Step(slots, positions, kv_len, emb.cos().to(dtype), emb.sin().to(dtype), mask, rows)

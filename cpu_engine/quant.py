@@ -1,13 +1,16 @@
-"""Quantised variants as module swaps (gpt-fast style): same ``Transformer``, different ``nn.Linear``s.
+"""Weight layouts and quantised variants as module swaps (gpt-fast style): same ``Transformer``, other linears.
 
-| variant | quant_algo (TensorRT-LLM name) | stored                            | computed with                       |
-| ------- | ------------------------------ | --------------------------------- | ----------------------------------- |
-| int8_wo | W8A16                          | int8 weights + per-channel scales | ``torch._weight_int8pack_mm`` (bf16) |
-| int8_sq | W8A8_SQ_PER_CHANNEL            | int8 (smoothed) weights, scales   | ``torch._int_mm`` on int8 activations |
-| fp8     | FP8                            | float8_e4m3fn + per-channel scale | dequantised to bf16 at load          |
+| variant  | quant_algo (TensorRT-LLM name) | stored                               | computed with                          |
+| -------- | ------------------------------ | ------------------------------------ | -------------------------------------- |
+| fp32     | —                              | fp32 weights                         | ``torch.bmm`` over column blocks        |
+| int8_wo  | W8A16                          | int8 weights + per-channel scales    | ``torch._weight_int8pack_mm`` (bf16)    |
+| int8_sq  | W8A8_SQ_PER_CHANNEL            | int8 (smoothed) weights, scales      | ``torch._int_mm`` on int8 activations   |
+| int4_awq | W4A16_AWQ                      | uint4 pairs + group scales and zeros | ``torch._weight_int4pack_mm_for_cpu``   |
+| fp8      | FP8                            | float8_e4m3fn + per-channel scale    | dequantised to bf16 at load             |
 
-Only the decoder layers' projections are quantised; embeddings, norms and ``lm_head`` keep the compute
-dtype, as TensorRT-LLM does by default.
+The engine file keeps Hugging Face's per-projection tensors; at load q/k/v and gate/up are concatenated into one
+projection each (``fuse_projections``: 4 kernel calls per layer instead of 7), and the quantised variants also
+quantise ``lm_head`` to int8 (the tied 49k-row head is the largest single weight read every step).
 """
 
 from __future__ import annotations
@@ -19,14 +22,53 @@ from torch import nn
 
 from .model import Transformer
 
-QUANT_ALGOS = {"int8_wo": "W8A16", "int8_sq": "W8A8_SQ_PER_CHANNEL", "fp8": "FP8"}
+QUANT_ALGOS = {"int8_wo": "W8A16", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16_AWQ", "fp8": "FP8"}
 INT8_PACK_ROWS = 8  # _weight_int8pack_mm is fast for few rows; larger blocks are split (measured on AVX-512)
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+PER_INPUT_CHANNEL = {"smooth"}  # buffers indexed by input channel: shared by a fused group, not concatenated
 
 
 def quantisable_linears(model: nn.Module) -> dict[str, nn.Linear]:
     """The decoder layers' projections, by parameter-name prefix."""
     return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear) and name.startswith("layers.")}
+
+
+def fuse_projections(state: dict[str, torch.Tensor]) -> None:
+    """q/k/v → qkv_proj and gate/up → gate_up_proj, per stored tensor (rows concatenate: every scale is per
+    output row or per row and group)."""
+    for name in [n for n in state if ".q_proj." in n or ".gate_proj." in n]:
+        fused, parts = next((f, p) for f, p in FUSED.items() if f".{p[0]}." in name)
+        tensors = [state.pop(name.replace(f".{parts[0]}.", f".{p}.")) for p in parts]
+        suffix = name.rpartition(".")[2]
+        if suffix in PER_INPUT_CHANNEL:
+            if any(not torch.equal(tensors[0], t) for t in tensors[1:]):
+                raise ValueError(f"{name}: the fused projections need one shared {suffix!r}; rebuild the engine")
+            state[name.replace(f".{parts[0]}.", f".{fused}.")] = tensors[0]
+        else:
+            state[name.replace(f".{parts[0]}.", f".{fused}.")] = torch.cat(tensors)
+
+
+class SplitLinear(nn.Module):
+    """fp32 weight stored as [blocks, in, out / blocks]: a 1-row product becomes a batched GEMM that MKL spreads
+    over every core, where ``F.linear`` runs a 1-row fp32 product (sgemv) on one core (15.7 → 32 GB/s measured)."""
+
+    BLOCKS = 4
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        out_features, in_features = weight.shape
+        blocks = self.BLOCKS if out_features % self.BLOCKS == 0 else 1
+        self.register_buffer("weight", weight.T.reshape(in_features, blocks, -1).transpose(0, 1).contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        blocks, in_features, _ = self.weight.shape
+        rows = x.reshape(1, -1, in_features).expand(blocks, -1, -1)
+        out = torch.bmm(rows.to(self.weight.dtype), self.weight)  # [blocks, rows, out / blocks]
+        return out.transpose(0, 1).reshape(*x.shape[:-1], -1).to(x.dtype)
+
+    def dequantised(self) -> torch.Tensor:
+        return self.weight.transpose(0, 1).reshape(self.weight.shape[1], -1).T.float()
 
 
 def _per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,12 +88,23 @@ class WeightOnlyInt8Linear(nn.Module):
         q, scales = _per_channel_int8(weight)
         return {"weight": q, "scales": scales.to(torch.bfloat16)}
 
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor) -> "WeightOnlyInt8Linear":
+        module = cls(weight.shape[1], weight.shape[0])
+        module.load_state_dict(cls.quantise(weight))
+        return module
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        blocks = [torch._weight_int8pack_mm(rows[i:i + INT8_PACK_ROWS], self.weight, self.scales)
-                  for i in range(0, rows.shape[0], INT8_PACK_ROWS)]
-        out = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+        if rows.shape[0] <= INT8_PACK_ROWS:
+            out = torch._weight_int8pack_mm(rows, self.weight, self.scales)
+        else:
+            out = torch.cat([torch._weight_int8pack_mm(rows[i:i + INT8_PACK_ROWS], self.weight, self.scales)
+                             for i in range(0, rows.shape[0], INT8_PACK_ROWS)])
         return out.view(*x.shape[:-1], -1).to(x.dtype)
+
+    def dequantised(self) -> torch.Tensor:
+        return self.weight.float() * self.scales.float()[:, None]
 
 
 class SmoothQuantLinear(nn.Module):
@@ -64,12 +117,13 @@ class SmoothQuantLinear(nn.Module):
         self.register_buffer("smooth", torch.ones(in_features, dtype=torch.float32))
 
     @staticmethod
-    def quantise(weight: torch.Tensor, act_absmax: torch.Tensor, alpha: float) -> dict[str, torch.Tensor]:
-        """SmoothQuant: migrate activation outliers into the weights, s_j = max|X_j|^α / max|W_j|^(1-α)."""
-        w_absmax = weight.float().abs().amax(dim=0).clamp(min=1e-5)
-        smooth = (act_absmax.float().clamp(min=1e-5).pow(alpha) / w_absmax.pow(1 - alpha)).clamp(min=1e-5)
-        q, scales = _per_channel_int8(weight.float() * smooth[None, :])
-        return {"weight": q, "scales": scales, "smooth": smooth}
+    def quantise(weight: torch.Tensor, act_absmax: torch.Tensor, alpha: float,
+                 w_absmax: torch.Tensor) -> dict[str, torch.Tensor]:
+        """SmoothQuant: migrate activation outliers into the weights, s_j = max|X_j|^α / max|W_j|^(1-α);
+        ``w_absmax`` is taken over every projection that reads the same input, so they share one ``s``."""
+        smooth = (act_absmax.float().clamp(min=1e-5).pow(alpha) / w_absmax.clamp(min=1e-5).pow(1 - alpha))
+        q, scales = _per_channel_int8(weight.float() * smooth.clamp(min=1e-5)[None, :])
+        return {"weight": q, "scales": scales, "smooth": smooth.clamp(min=1e-5)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).float() / self.smooth
@@ -77,6 +131,58 @@ class SmoothQuantLinear(nn.Module):
         q = torch.round(rows / act_scale).clamp(-127, 127).to(torch.int8)
         out = torch._int_mm(q, self.weight.T).float() * act_scale * self.scales
         return out.view(*x.shape[:-1], -1).to(x.dtype)
+
+    def dequantised(self) -> torch.Tensor:
+        return self.weight.float() * self.scales.float()[:, None] / self.smooth.float()[None, :]
+
+
+def int4_group_quantise(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric uint4 per (row, group of ``group_size`` inputs): w ≈ (q - 8) * scale + zero, q in [0, 15]
+    (the convention of ``_weight_int4pack_mm_for_cpu``). Returns q [N, K] uint8, scales and zeros [N, K / g]."""
+    w = weight.float().reshape(weight.shape[0], -1, group_size)
+    lo, hi = w.amin(dim=-1), w.amax(dim=-1)
+    scales = ((hi - lo) / 15).clamp(min=1e-8)
+    q = torch.round((w - lo[..., None]) / scales[..., None]).clamp(0, 15)
+    return q.reshape(weight.shape).to(torch.uint8), scales, lo + 8 * scales
+
+
+def int4_group_dequantise(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    groups = q.float().reshape(q.shape[0], scales.shape[1], -1)
+    return ((groups - 8) * scales.float()[..., None] + zeros.float()[..., None]).reshape(q.shape)
+
+
+class Int4Linear(nn.Module):
+    """W4A16: the file holds two uint4 per byte (``qweight`` [N, K / 2], low nibble first) and per-group scales and
+    zeros [N, K / g]; ``pack()`` turns them into the CPU kernel's tiled layout once, at load."""
+
+    def __init__(self, in_features: int, out_features: int, group_size: int):
+        super().__init__()
+        self.group_size = group_size
+        groups = in_features // group_size
+        self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
+        self.register_buffer("scales", torch.ones(out_features, groups, dtype=torch.bfloat16))
+        self.register_buffer("zeros", torch.zeros(out_features, groups, dtype=torch.bfloat16))
+
+    @staticmethod
+    def quantise(weight: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
+        q, scales, zeros = int4_group_quantise(weight, group_size)
+        return {"qweight": q[:, 0::2] | (q[:, 1::2] << 4), "scales": scales.to(torch.bfloat16),
+                "zeros": zeros.to(torch.bfloat16)}
+
+    def _unpacked(self) -> torch.Tensor:
+        return torch.stack((self.qweight & 15, self.qweight >> 4), dim=-1).reshape(self.qweight.shape[0], -1)
+
+    def pack(self) -> None:
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(self._unpacked().int(), 1))
+        self.register_buffer("scales_zeros", torch.stack((self.scales.T, self.zeros.T), dim=-1).contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        out = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_zeros)
+        return out.view(*x.shape[:-1], -1).to(x.dtype)
+
+    def dequantised(self) -> torch.Tensor:
+        return int4_group_dequantise(self._unpacked(), self.scales, self.zeros)
 
 
 def fp8_quantise(weight: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -90,14 +196,31 @@ def fp8_dequantise(state: dict[str, torch.Tensor], prefix: str, dtype: torch.dty
     state[f"{prefix}.weight"] = weight.to(dtype)
 
 
-def swap_linears(model: Transformer, variant: str) -> None:
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def swap_linears(model: Transformer, variant: str, group_size: int | None = None) -> None:
     """Replace the decoder projections by the variant's module before loading its state dict."""
-    cls = {"int8_wo": WeightOnlyInt8Linear, "int8_sq": SmoothQuantLinear}.get(variant)
-    if cls is None:
+    make = {"int8_wo": WeightOnlyInt8Linear, "int8_sq": SmoothQuantLinear,
+            "int4_awq": lambda i, o: Int4Linear(i, o, group_size)}.get(variant)
+    if make is None:
         return
     for name, linear in quantisable_linears(model).items():
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, cls(linear.in_features, linear.out_features))
+        _replace(model, name, make(linear.in_features, linear.out_features))
+
+
+def prepare_for_cpu(model: Transformer, variant: str | None, dtype: torch.dtype) -> None:
+    """After loading: the layouts the CPU kernels want. A weight-quantised variant's ``lm_head`` becomes int8
+    (113 MB fp32 / 56 MB bf16 → 28 MB read per step); fp32 linears become ``SplitLinear``; int4 weights are tiled."""
+    if variant in ("int8_wo", "int8_sq", "int4_awq"):
+        model.lm_head = WeightOnlyInt8Linear.from_weight(model.lm_head.weight.detach())
+    for name, m in list(model.named_modules()):
+        if isinstance(m, nn.Linear) and dtype == torch.float32:
+            _replace(model, name, SplitLinear(m.weight.detach()))
+        elif isinstance(m, Int4Linear):
+            m.pack()
 
 
 def _abs_max_hook(store: dict, name: str):
@@ -126,8 +249,17 @@ def collect_activation_absmax(model: nn.Module, batches) -> dict[str, torch.Tens
     return store
 
 
+def _siblings(name: str) -> list[str]:
+    """The stored projections that read the same input as ``name`` (one fused group), ``name`` included."""
+    for parts in FUSED.values():
+        for p in parts:
+            if f".{p}." in name:
+                return [name.replace(f".{p}.", f".{q}.") for q in parts]
+    return [name]
+
+
 def quantise_state_dict(weights: dict[str, torch.Tensor], variant: str, act_absmax: dict | None = None,
-                        alpha: float = 0.5) -> dict[str, torch.Tensor]:
+                        alpha: float = 0.5, group_size: int | None = None) -> dict[str, torch.Tensor]:
     """Full-precision weights (our names) → the variant's stored tensors."""
     out = {}
     for name, tensor in weights.items():
@@ -138,7 +270,10 @@ def quantise_state_dict(weights: dict[str, torch.Tensor], variant: str, act_absm
         if variant == "int8_wo":
             parts = WeightOnlyInt8Linear.quantise(tensor)
         elif variant == "int8_sq":
-            parts = SmoothQuantLinear.quantise(tensor, act_absmax[prefix], alpha)
+            w_absmax = torch.stack([weights[s].float().abs().amax(dim=0) for s in _siblings(name)]).amax(dim=0)
+            parts = SmoothQuantLinear.quantise(tensor, act_absmax[prefix], alpha, w_absmax)
+        elif variant == "int4_awq":
+            parts = Int4Linear.quantise(tensor, group_size)
         elif variant == "fp8":
             parts = fp8_quantise(tensor)
         else:
