@@ -340,8 +340,8 @@ def cold_parts(c: Container, ready_http: float, ready_openai: float) -> dict:
         if found:
             engine_s = float(found.group(1))
     t0 = c.t_create
-    need = ("triton_first_log", "models_loading", "llm_imported", "engine_loaded", "llm_loaded",
-            "preprocessing_loaded", "ensemble_loaded")
+    need = ("triton_first_log", "models_loading", "llm_imported", "preprocessing_imported", "engine_loaded",
+            "llm_loaded", "preprocessing_loaded", "ensemble_loaded")
     missing = [k for k in need if k not in marks]
     if missing:
         raise RuntimeError(f"log lines not found for {missing}:\n{c.logs()[-3000:]}")
@@ -352,6 +352,7 @@ def cold_parts(c: Container, ready_http: float, ready_openai: float) -> dict:
                                                                        # -> tritonserver's first log line
         "triton_init_s": marks["models_loading"] - marks["triton_first_log"],
         "llm_stub_imports_s": marks["llm_imported"] - marks["models_loading"],  # stub start + model.py imports
+        "preprocessing_imports_s": marks["preprocessing_imported"] - marks["models_loading"],  # the first of 2
         "engine_load_s": engine_s,                                     # cpu_engine.load_engine, its own clock
         "llm_load_s": marks["llm_loaded"] - marks["models_loading"],   # imports + engine load + threads
         "preprocessing_load_s": marks["preprocessing_loaded"] - marks["models_loading"],  # transformers, tokenizer
