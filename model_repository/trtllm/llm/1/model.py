@@ -4,12 +4,16 @@ Decoupled. ``execute()`` only validates and hands each request to a worker threa
 for one another here (the in-flight batching happens in ``tensorrt_llm``). Each worker streams its request
 through ``tensorrt_llm`` with a decoupled BLS call and answers with ``output_ids``, ``sequence_length``,
 ``finish_reason``, ``num_input_tokens``, ``num_output_tokens`` (see builders/trtllm/stream_state.py).
-Cancellation by the client cancels the BLS stream, which stops the request inside TensorRT-LLM.
+Cancellation: one thread polls every stream's ``is_cancelled()`` (as the C++ backend's ``WaitForCancel`` does) and
+ends a cancelled one with the backend's own ``stop`` request under that stream's request id. That works on every
+Triton: the response iterator's ``cancel()`` exists only in newer Python backends (not in 2.51, which runs the CPU
+tests), and the per-token path makes no ``is_cancelled()`` round trip.
 """
 
 import threading
-from collections import Counter
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -28,6 +32,16 @@ _FORWARD = {
     "temperature": "temperature", "random_seed": "seed", "min_tokens": "min_tokens", "streaming": "streaming",
 }
 _WORD_LISTS = ("stop_words_list", "bad_words_list")
+CANCEL_POLL_S = 0.02  # as the CPU engine: how stale a client's cancellation may be
+
+
+@dataclass
+class _Inflight:
+    """A stream handed to a worker: who asked (``stop`` finds it by the client's id) and whether it was ended."""
+
+    sender: object
+    client_id: str
+    cancelled: bool = False
 
 
 class TritonPythonModel:
@@ -38,8 +52,13 @@ class TritonPythonModel:
         self.table = token_bytes_table(params["tokenizer_dir"])
         self.pool = ThreadPoolExecutor(max_workers=int(params["max_inflight"]), thread_name_prefix="trtllm-stream")
         self.gate = DrainGate()  # the launcher's drain, as the CPU llm has it (serving/drain.py)
-        self._running: Counter[str] = Counter()  # client request ids of the streams in flight, for `stop`
-        self._running_lock = threading.Lock()  # execute() adds, worker threads remove
+        self._inflight: dict[str, _Inflight] = {}  # our BLS request id → the stream; execute() adds, workers remove
+        # A stream leaves _inflight under this lock *before* its final response: is_cancelled() on a sender whose
+        # final response has gone crashes Triton 2.51 (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled).
+        self._inflight_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._canceller = threading.Thread(target=self._watch_cancellation, name="llm-cancel", daemon=True)
+        self._canceller.start()
 
     # ---- request side (model thread): validate, build the BLS inputs, hand over -----------------------
     def execute(self, requests):
@@ -58,27 +77,49 @@ class TritonPythonModel:
             except (RequestError, ValueError) as exc:
                 sender.send(error_response(exc), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            client_id = request.request_id()
-            with self._running_lock:
-                self._running[client_id] += 1
-            self.pool.submit(self._stream, inputs, state, sender, outputs, client_id)
+            bls_id = uuid.uuid4().hex  # the client's id may be empty or shared; ours names exactly this stream
+            with self._inflight_lock:
+                self._inflight[bls_id] = _Inflight(sender, request.request_id())
+            self.pool.submit(self._stream, inputs, state, sender, outputs, bls_id)
         return None
 
     def _stop(self, client_id: str, sender) -> None:
-        """TensorRT-LLM's ``stop`` input, as the CPU llm takes it: end the running request with this request id.
-        The BLS stream carries the client's id, so ``tensorrt_llm`` finds it (the backend's handleStopRequest);
-        it answers with one empty final response. Triton wants the backend's two required inputs even here."""
-        if not client_id or not self._running[client_id]:
+        """TensorRT-LLM's ``stop`` input, as the CPU llm takes it: end the running request with this request id."""
+        with self._inflight_lock:
+            ours = [bls_id for bls_id, f in self._inflight.items() if client_id and f.client_id == client_id]
+        if not ours:
             raise RequestError(f"stop: no running request with id {client_id!r}")
+        for bls_id in ours:
+            self._end(bls_id)
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _end(self, bls_id: str) -> None:
+        """Stop one BLS stream with the backend's ``stop`` request (handleStopRequest: it cancels the requests with
+        this request id and answers with one empty final response). Triton wants the backend's two required
+        inputs even on a stop request."""
+        stream = self._inflight.get(bls_id)
+        if stream is None or stream.cancelled:
+            return
+        stream.cancelled = True
         one = np.ones((1, 1), dtype=np.int32)
         stop = pb_utils.InferenceRequest(
-            model_name=self.trt_model, request_id=client_id, requested_output_names=[],
+            model_name=self.trt_model, request_id=bls_id, requested_output_names=[],
             inputs=[pb_utils.Tensor("stop", np.array([[True]])), pb_utils.Tensor("input_lengths", one),
                     pb_utils.Tensor("request_output_len", one)])
         for response in stop.exec(decoupled=True):
             if response.has_error():
-                raise RequestError(f"stop: {response.error().message()}")
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                pb_utils.Logger.log_error(f"llm: stopping {bls_id} failed: {response.error().message()}")
+
+    def _watch_cancellation(self) -> None:
+        while not self._closing.wait(CANCEL_POLL_S):
+            with self._inflight_lock:
+                gone = [bls_id for bls_id, stream in self._inflight.items()
+                        if not stream.cancelled and stream.sender.is_cancelled()]
+            for bls_id in gone:
+                try:
+                    self._end(bls_id)
+                except Exception as exc:  # noqa: BLE001 - one failed stop must not stop the watch
+                    pb_utils.Logger.log_error(f"llm: cancelling {bls_id} failed: {exc}")
 
     def _prepare(self, request):
         ids = single_row(request, "input_ids")
@@ -108,21 +149,15 @@ class TritonPythonModel:
         return inputs, StreamState(self.table, streaming, max_tokens, length, echo)
 
     # ---- worker threads: one BLS stream per request ------------------------------------------------------
-    def _stream(self, inputs, state: StreamState, sender, outputs: frozenset[str], client_id: str):
+    def _stream(self, inputs, state: StreamState, sender, outputs: frozenset[str], bls_id: str):
+        stream = self._inflight[bls_id]
         try:
-            bls = pb_utils.InferenceRequest(model_name=self.trt_model, inputs=inputs, request_id=client_id,
+            bls = pb_utils.InferenceRequest(model_name=self.trt_model, inputs=inputs, request_id=bls_id,
                                             requested_output_names=["output_ids", "sequence_length"])
-            responses = bls.exec(decoupled=True)
-            cancelled = False
-            for response in responses:
+            for response in bls.exec(decoupled=True):
                 if response.has_error():
                     raise pb_utils.TritonModelException(response.error().message())
-                if not cancelled and sender.is_cancelled():
-                    cancelled = True
-                    cancel = getattr(responses, "cancel", None)
-                    if cancel is not None:
-                        cancel()  # the backend stops the request and ends the stream
-                if cancelled or not response.output_tensors():
+                if stream.cancelled or not response.output_tensors():
                     continue
                 out = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
                 seq = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
@@ -131,19 +166,15 @@ class TritonPythonModel:
                 chunk = state.push([int(i) for i in row[:n]])
                 if chunk is not None:
                     sender.send(self._response(chunk, outputs), flags=0)
-            sender.send(self._response(state.finish(cancelled), outputs),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            final = self._response(state.finish(stream.cancelled), outputs)
         except Exception as exc:  # noqa: BLE001 - the client must get an answer whatever failed
-            try:
-                sender.send(error_response(exc, pb_utils.TritonError.INTERNAL),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except Exception as send_exc:  # noqa: BLE001 - client gone
-                pb_utils.Logger.log_error(f"llm: sending an error response failed: {send_exc}")
-        finally:
-            with self._running_lock:
-                self._running[client_id] -= 1
-                if not self._running[client_id]:
-                    del self._running[client_id]
+            final = error_response(exc, pb_utils.TritonError.INTERNAL)
+        with self._inflight_lock:
+            del self._inflight[bls_id]
+        try:
+            sender.send(final, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as exc:  # noqa: BLE001 - client gone
+            pb_utils.Logger.log_error(f"llm: sending the final response failed: {exc}")
 
     def _response(self, chunk: Chunk, outputs: frozenset[str]):
         return llm_response(self.table, chunk.ids, chunk.finish_reason, chunk.num_input_tokens,
@@ -152,3 +183,5 @@ class TritonPythonModel:
     def finalize(self):
         # Drain: streams already handed to workers finish before the stub exits.
         self.pool.shutdown(wait=True, cancel_futures=False)
+        self._closing.set()
+        self._canceller.join(timeout=1)

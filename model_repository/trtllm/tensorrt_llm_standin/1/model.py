@@ -28,6 +28,7 @@ What it reproduces of the C++ backend, and where that was read (tensorrtllm_back
 import json
 import queue
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -67,6 +68,8 @@ class _Stream:
     triton_id: str
     echo: list[int]  # the prompt, when exclude_input_in_output is false
     output: list[int] = field(default_factory=list)  # non-streaming: everything so far
+    arrival: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
 
 
 class TritonPythonModel:
@@ -82,8 +85,8 @@ class TritonPythonModel:
         self._by_triton_id: dict[str, set[str]] = {}
         self._stopped: set[str] = set()
         self._events: queue.SimpleQueue = queue.SimpleQueue()
-        # The CPU engine's gauges (active slots, queue), where the real backend has nv_trt_llm_request_metrics: the
-        # launcher's drain (serving/drain.py) waits on them until the streams in flight have finished.
+        # The CPU engine's metrics (active slots, queue, finished requests), where the real backend has
+        # nv_trt_llm_request_metrics: the launcher's drain (serving/drain.py) waits on the gauges.
         self.metrics = LLMMetrics(args["model_name"], args["model_version"])
         self.source = open_source(params["standin_token_source"], params["gpt_model_path"], queue_size,
                                   self._events.put, table, int(params.get("standin_cpu_threads", "0")),
@@ -189,6 +192,8 @@ class TritonPythonModel:
     def _answer(self, stream: _Stream, event: TokenEvent) -> None:
         final = event.finish_reason is not None
         new = [] if event.token_id is None else [event.token_id]
+        if new and stream.first_token is None:
+            stream.first_token = time.monotonic()
         if not stream.streaming:
             stream.output += new
             if not final:
@@ -196,6 +201,8 @@ class TritonPythonModel:
             new = stream.output
         if final:
             self._forget(event.request_id)
+            self.metrics.request_finished(event.finish_reason.value, stream.arrival, stream.first_token,
+                                          time.monotonic(), event.num_input_tokens, event.num_output_tokens)
             self.metrics.update_gauges(self.source.queued, self.source.active, self.source.kv_occupancy, force=True)
         # The prompt leads the first response when it is not excluded (executor OutputConfig
         # excludeInputFromOutput; for streaming this is our reading of the executor, not observed).
