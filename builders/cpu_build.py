@@ -15,7 +15,7 @@ from cpu_engine.quant import QUANT_ALGOS, bf16_supported, quantise_state_dict
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM"}
 VARIANTS = ("fp32", "bf16", "int8_wo", "int8_sq", "int4_awq", "fp8")
-AWQ_GROUP_SIZES = (128, 64, 32)  # TensorRT-LLM's W4A16_AWQ default is 128; the largest that divides every input width
+AWQ_GROUP_SIZES = (32,)  # TensorRT-LLM defaults to 128, which does not divide 576; on SmolLM2 AWQ at 64 cost +9.4 % perplexity, at 32 +0.04 %
 
 
 @dataclass(frozen=True)

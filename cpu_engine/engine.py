@@ -141,21 +141,37 @@ class LLMEngine:
                 self._queued -= len(sched.running) - before
         plan = sched.plan()
         if plan.decode:
-            tokens = torch.tensor([[s.output_ids[-1]] for s in plan.decode])
-            positions = torch.tensor([[s.length - 1] for s in plan.decode])
-            slots = torch.tensor([s.slot for s in plan.decode])
+            # In slot order: when the slots form one run the model reads the KV cache as a view (model.Step).
+            decode = sorted(plan.decode, key=lambda s: s.slot)
+            tokens = torch.tensor([[s.output_ids[-1]] for s in decode])
+            positions = torch.tensor([[s.length - 1] for s in decode])
+            slots = torch.tensor([s.slot for s in decode])
             logits = self.model(tokens, positions, slots, self.cache)
-            for seq, row in zip(plan.decode, logits):
+            for seq, row in zip(decode, logits):
                 self._accept(seq, row)
-        for seq, chunk in plan.prefill:
-            start = seq.prefilled
-            tokens = torch.tensor([seq.request.prompt_ids[start:start + chunk]])
-            positions = torch.arange(start, start + chunk)[None]
-            logits = self.model(tokens, positions, torch.tensor([seq.slot]), self.cache)
-            seq.prefilled += chunk
-            if seq.generating:
-                self._accept(seq, logits[0])
+        if plan.prefill:
+            self._prefill(plan.prefill)
         self._kv_tokens = sum(s.prefilled + len(s.output_ids) for s in sched.running)
+
+    def _prefill(self, chunks: list[tuple[Sequence, int]]) -> None:
+        """This step's prompt chunks in one [B, T] forward (16 prompts arriving together: a few forwards, not 16).
+        Shorter chunks are padded at the end: the padding's keys land past the row's chunk, where none of the
+        row's real queries look, and later tokens overwrite them. A row whose padding would run past the cache
+        runs on its own, unpadded."""
+        width = max(n for _, n in chunks)
+        fits = [(s, n) for s, n in chunks if s.prefilled + width <= self.limits.max_seq_len]
+        groups = ([fits] if fits else []) + [[(s, n)] for s, n in chunks if s.prefilled + width > self.limits.max_seq_len]
+        for group in groups:
+            width = max(n for _, n in group)
+            tokens = torch.tensor([s.request.prompt_ids[s.prefilled:s.prefilled + n] + [0] * (width - n)
+                                   for s, n in group])
+            positions = torch.tensor([[s.prefilled] for s, _ in group]) + torch.arange(width)[None]
+            slots = torch.tensor([s.slot for s, _ in group])
+            logits = self.model(tokens, positions, slots, self.cache, last=torch.tensor([n - 1 for _, n in group]))
+            for (seq, n), row in zip(group, logits):
+                seq.prefilled += n
+                if seq.generating:
+                    self._accept(seq, row)
 
     def _accept(self, seq: Sequence, logits: torch.Tensor) -> None:
         req = seq.request
