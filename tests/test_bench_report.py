@@ -20,23 +20,23 @@ def _records():
 
     return [s("hf", "fp32", 1, 20.0), s("triton", "fp32", 1, 40.0), s("triton", "fp32", 16, 300.0),
             s("engine", "fp32", 1, 45.0), s("engine", "fp32", 16, 320.0),
-            b1("engine", "fp32", 40.0), b1("engine", "int8_wo", 100.0), b1("llama.cpp", "Q8_0", 125.0),
-            b1("hf", "fp32", 22.0)]
+            b1("engine", "fp32", 40.0), b1("engine", "int8_wo", 100.0), b1("engine", "int8_sq", 90.0),
+            b1("llama.cpp", "Q8_0", 125.0), b1("llama.cpp", "F32", 50.0), b1("hf", "fp32", 22.0)]
 
 
 def test_targets_follow_the_issue():
     by_name = {t["target"]: t for t in compute_targets(_records(), {})}
     assert len(by_name) == 5
-    scaling = by_name["Triton 16 streams ≥ 6× Triton 1 stream"]
-    assert scaling["value"] == pytest.approx(7.5) and scaling["met"]
-    vs_hf = by_name["Triton 16 streams ≥ 10× HF generate (fp32) one at a time"]
-    assert vs_hf["value"] == pytest.approx(15.0) and vs_hf["met"]
+    int8 = by_name["best of int8_wo/int8_sq ≥ 1× llama.cpp Q8_0, batch-1 decode"]
+    assert int8["variant"] == "int8_wo" and int8["value"] == pytest.approx(0.8) and not int8["met"]
+    assert int8["shortfall_pct"] == pytest.approx(20.0)
+    assert by_name["best of fp32 ≥ 1× llama.cpp F32, batch-1 decode"]["value"] == pytest.approx(0.8)
+    aggregate = by_name["Triton 16 streams ≥ 4× llama.cpp Q8_0 batch 1"]
+    assert aggregate["value"] == pytest.approx(300 / 125) and not aggregate["met"]
+    ttft = by_name["Triton TTFT P50 at 16 streams ≤ 500 ms"]
+    assert ttft["value"] == pytest.approx(50.0) and ttft["met"]
     served = by_name["Triton-served ≥ 0.9× in-process at 16 streams"]
     assert served["value"] == pytest.approx(300 / 320) and served["met"]
-    wo = by_name["int8-wo ≥ 2× fp32, batch-1 decode"]
-    assert wo["value"] == pytest.approx(2.5) and wo["met"]
-    cpp = by_name["int8-wo ≥ 1.0× llama.cpp Q8_0, batch-1 decode"]
-    assert cpp["value"] == pytest.approx(0.8) and not cpp["met"] and cpp["shortfall_pct"] == pytest.approx(20.0)
 
 
 def test_report_renders(tmp_path):
@@ -67,6 +67,6 @@ def test_helpers():
     quick = parse_args(["--quick"])
     assert quick.models == ["default"] and quick.streams == [1, 16] and quick.new_tokens == 32
     full = parse_args([])
-    assert full.streams == [1, 4, 8, 16] and full.variants == ["fp32", "bf16", "int8_wo", "int8_sq", "fp8"]
+    assert full.streams == [1, 4, 8, 16] and full.variants == ["fp32", "bf16", "int8_wo", "int8_sq", "int4_awq", "fp8"]
     with pytest.raises(SystemExit):
         parse_args(["--variants", "fp16"])
