@@ -363,6 +363,22 @@ def cold_parts(c: Container, ready_http: float, ready_openai: float) -> dict:
     }
 
 
+def _go_duration(text: str) -> float | None:
+    """Go's time.Duration text (podman's cpu_time: "1m2.5s", "830.1ms") -> seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    parts = re.findall(r"([\d.]+)(h|ms|us|µs|ns|m|s)", text or "")
+    return sum(float(v) * units[u] for v, u in parts) if parts else None
+
+
+def cpu_seconds(c: Container) -> float | None:
+    """CPU time the container has used so far (podman stats), or None where the engine does not say."""
+    out = sh("stats", "--no-stream", "--format", "json", c.name, check=False).stdout
+    try:
+        return _go_duration(json.loads(out)[0]["cpu_time"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
 def check_cold(image: str, starts: int, results: dict) -> None:
     runs = []
     for i in range(starts):
@@ -371,8 +387,10 @@ def check_cold(image: str, starts: int, results: dict) -> None:
             load = os.getloadavg()[0]
             c.create_and_start()
             ready_http = c.wait_ready(f"{c.http}/v2/health/ready")
+            cpu = cpu_seconds(c)
             ready_openai = c.wait_ready(f"{c.openai}/models")
             parts = cold_parts(c, ready_http, ready_openai)
+            parts["cpu_s_to_ready"] = cpu  # the container's CPU time when Triton was ready (all its processes)
             parts["load_1min_before"] = load
             runs.append(parts)
         finally:
