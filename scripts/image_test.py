@@ -392,6 +392,7 @@ def check_cold(image: str, starts: int, results: dict) -> None:
             parts = cold_parts(c, ready_http, ready_openai)
             parts["cpu_s_to_ready"] = cpu  # the container's CPU time when Triton was ready (all its processes)
             parts["load_1min_before"] = load
+            parts["load_1min_at_ready"] = os.getloadavg()[0]
             runs.append(parts)
         finally:
             c.remove()
