@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cpu_engine.quant import int4_group_dequantise, int4_group_quantise
+from cpu_engine.quant import int4_group_dequantise, int4_group_quantise, observe_inputs
 
 from .english_text import calibration_texts, token_stream
 
@@ -42,22 +42,11 @@ def awq_statistics(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, t
     total = sum(b.numel() for b in batches)
     stride = max(1, total // AWQ_ROWS)  # rows kept evenly across the batches
 
-    def hook(name):
-        def record(_module, inputs, _output):
-            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float()
-            sums[name] = sums.get(name, 0) + x.abs().sum(dim=0)
-            rows.setdefault(name, []).append(x[::stride])
-        return record
+    def record(name: str, x: torch.Tensor) -> None:
+        sums[name] = sums.get(name, 0) + x.abs().sum(dim=0)
+        rows.setdefault(name, []).append(x[::stride])
 
-    handles = [m.register_forward_hook(hook(name.removeprefix("model.")))
-               for name, m in model.named_modules() if name.endswith(AWQ_INPUTS)]
-    try:
-        with torch.inference_mode():
-            for batch in batches:
-                model(batch)
-    finally:
-        for h in handles:
-            h.remove()
+    observe_inputs(model, batches, lambda name: name.endswith(AWQ_INPUTS), record)
     return {name: (sums[name] / total, torch.cat(rows[name])[:AWQ_ROWS]) for name in sums}
 
 

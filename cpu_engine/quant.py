@@ -16,6 +16,7 @@ quantise ``lm_head`` to int8 (the tied 49k-row head is the largest single weight
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -223,22 +224,18 @@ def prepare_for_cpu(model: Transformer, variant: str | None, dtype: torch.dtype)
             m.pack()
 
 
-def _abs_max_hook(store: dict, name: str):
-    def hook(_module, inputs, _output):
-        amax = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).abs().amax(dim=0).float()
-        store[name] = torch.maximum(store[name], amax) if name in store else amax
-    return hook
+def observe_inputs(model: nn.Module, batches, wanted: Callable[[str], bool],
+                   record: Callable[[str, torch.Tensor], None]) -> None:
+    """Run a Hugging Face causal LM (token ids [B, T]) over ``batches`` and hand ``record`` the input rows
+    [N, in_features] (fp32) of every linear whose name, mapped to ours, is ``wanted``."""
+    def hook(name: str):
+        def call(_module, inputs, _output):
+            record(name, inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float())
+        return call
 
-
-def collect_activation_absmax(model: nn.Module, batches) -> dict[str, torch.Tensor]:
-    """Per-input-channel max |activation| of every quantisable linear over calibration batches.
-
-    ``model`` takes token ids [B, T] (a Hugging Face causal LM); its module names are mapped to ours.
-    """
-    store: dict[str, torch.Tensor] = {}
-    handles = [m.register_forward_hook(_abs_max_hook(store, name.removeprefix("model.")))
+    handles = [m.register_forward_hook(hook(name.removeprefix("model.")))
                for name, m in model.named_modules()
-               if isinstance(m, nn.Linear) and name.removeprefix("model.").startswith("layers.")]
+               if isinstance(m, nn.Linear) and wanted(name.removeprefix("model."))]
     try:
         with torch.inference_mode():
             for batch in batches:
@@ -246,6 +243,17 @@ def collect_activation_absmax(model: nn.Module, batches) -> dict[str, torch.Tens
     finally:
         for h in handles:
             h.remove()
+
+
+def collect_activation_absmax(model: nn.Module, batches) -> dict[str, torch.Tensor]:
+    """Per-input-channel max |activation| of every quantisable linear over calibration batches."""
+    store: dict[str, torch.Tensor] = {}
+
+    def record(name: str, rows: torch.Tensor) -> None:
+        amax = rows.abs().amax(dim=0)
+        store[name] = torch.maximum(store[name], amax) if name in store else amax
+
+    observe_inputs(model, batches, lambda name: name.startswith("layers."), record)
     return store
 
 
