@@ -8,7 +8,9 @@
 #      (--model-control-mode=explicit --load-model=tensorrt_llm) on the fp16 engine, until
 #      /v2/models/tensorrt_llm/ready answers (a missing parameter fails here: "Cannot find parameter with name").
 # Then, for every variant this GPU supports: build a small real Llama engine, serve it, send streaming requests,
-# and print TTFT / throughput and greedy agreement with the fp16 engine. Run it inside the GPU image:
+# check the first four streamed answers equal their non-streamed twins byte for byte (the real backend; on CPU the
+# stand-in shows it, docs/gpu.md), and print TTFT / throughput and greedy agreement with the fp16 engine. Run it
+# inside the GPU image:
 #
 #   docker run --rm --gpus all --shm-size=2g -v "$PWD:/work" -w /work \
 #       --entrypoint /opt/nvidia/nvidia_entrypoint.sh triton-llm-stack:gpu bash builders/gpu_smoke.sh
@@ -157,17 +159,30 @@ def one(prompt):
     return {"prompt": prompt, "text": "".join(text), "tokens": tokens, "finish_reason": reason,
             "ttft_s": (first or end) - start, "total_s": end - start}
 
+def whole(prompt):  # the same request not streamed: /generate, one response
+    body = json.dumps({"text_input": prompt, "max_tokens": max_tokens}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/ensemble/generate", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return json.loads(resp.read())["text_output"]
+
 t0 = time.perf_counter()
 with ThreadPoolExecutor(concurrency) as pool:
     results = list(pool.map(one, prompts))
 wall = time.perf_counter() - t0
+# What the CPU stand-in of tensorrt_llm cannot prove: the real backend's streamed chunks concatenate to its
+# non-streamed answer byte for byte (greedy, the first 4 prompts).
+mismatched = [r["prompt"] for r in results[:4] if whole(r["prompt"]) != r["text"]]
 ttft = sorted(r["ttft_s"] for r in results)
 total_tokens = sum(r["tokens"] for r in results)
 summary = {"variant": variant, "requests": n, "concurrency": concurrency, "ttft_p50_ms": 1000 * ttft[len(ttft) // 2],
            "ttft_max_ms": 1000 * ttft[-1], "output_tokens": total_tokens, "tokens_per_s": total_tokens / wall,
-           "finish_reasons": sorted({r["finish_reason"] for r in results})}
+           "finish_reasons": sorted({r["finish_reason"] for r in results}),
+           "streamed_equals_non_streamed": not mismatched}
 json.dump({"summary": summary, "results": results}, open(f"{work}/{variant}.results.json", "w"), indent=2)
 print(json.dumps(summary))
+if mismatched:
+    sys.exit(f"gpu_smoke: {variant}: streamed text differs from non-streamed for {mismatched}")
 PYEOF
     stop_server
 done

@@ -56,6 +56,15 @@ def model_repository(test_profile, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session", params=LAYOUTS)
+def layout_repository(request, test_profile, model_repository, tmp_path_factory) -> Path:
+    """The session repository in each layout, for tests that start servers of their own (reliability)."""
+    if request.param == "cpu":
+        return model_repository
+    return render_layout(request.param, test_profile, tmp_path_factory.mktemp(f"repo-{request.param}") /
+                         "model_repository")
+
+
+@pytest.fixture(scope="session", params=LAYOUTS)
 def triton(request, test_profile, model_repository, tmp_path_factory):
     """A real tritonserver on free ports, one per layout, shared by the whole session; ``layout`` says which."""
     from serving.launcher import ServerConfig, TritonServer

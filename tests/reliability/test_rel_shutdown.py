@@ -39,10 +39,10 @@ def stream_one(url: str, i: int, results: dict, sent: threading.Event | None = N
 
 
 @pytest.fixture
-def launcher(model_repository, tmp_path):
+def launcher(layout_repository, tmp_path):
     ports = [free_port(), free_port(), free_port()]
     out = tmp_path / "launcher.out"
-    proc = relkit.launch_cli(model_repository, out, ports, exit_timeout_secs=EXIT_TIMEOUT)
+    proc = relkit.launch_cli(layout_repository, out, ports, exit_timeout_secs=EXIT_TIMEOUT)
     try:
         relkit.wait_cli_ready(proc, out)
         yield proc, out, ports

@@ -10,6 +10,7 @@ Triton: the response iterator's ``cancel()`` exists only in newer Python backend
 tests), and the per-token path makes no ``is_cancelled()`` round trip.
 """
 
+import queue
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,7 @@ class TritonPythonModel:
         # final response has gone crashes Triton 2.51 (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled).
         self._inflight_lock = threading.Lock()
         self._closing = threading.Event()
+        self._to_end: queue.SimpleQueue[str] = queue.SimpleQueue()  # streams a client's `stop` named
         self._canceller = threading.Thread(target=self._watch_cancellation, name="llm-cancel", daemon=True)
         self._canceller.start()
 
@@ -90,7 +92,7 @@ class TritonPythonModel:
         if not ours:
             raise RequestError(f"stop: no running request with id {client_id!r}")
         for bls_id in ours:
-            self._end(bls_id)
+            self._to_end.put(bls_id)
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _end(self, bls_id: str) -> None:
@@ -111,10 +113,15 @@ class TritonPythonModel:
                 pb_utils.Logger.log_error(f"llm: stopping {bls_id} failed: {response.error().message()}")
 
     def _watch_cancellation(self) -> None:
-        while not self._closing.wait(CANCEL_POLL_S):
+        """The one thread that sends stop requests (clients' ``stop`` and cancellations alike)."""
+        while not self._closing.is_set():
+            try:
+                gone = [self._to_end.get(timeout=CANCEL_POLL_S)]
+            except queue.Empty:
+                gone = []
             with self._inflight_lock:
-                gone = [bls_id for bls_id, stream in self._inflight.items()
-                        if not stream.cancelled and stream.sender.is_cancelled()]
+                gone += [bls_id for bls_id, stream in self._inflight.items()
+                         if not stream.cancelled and stream.sender.is_cancelled()]
             for bls_id in gone:
                 try:
                     self._end(bls_id)
