@@ -195,7 +195,7 @@ def check_drain(c: Container, results: dict, streams_each: int = 4) -> None:
 
     from client import GenerationError, LLMClient, SamplingParams
 
-    grpc_tokens, openai_tokens = 160, 64  # the gRPC streams outlive the front door's: Triton's drain is seen too
+    grpc_tokens, openai_tokens = 64, 24  # the gRPC streams outlive the front door's: Triton's drain is seen too
     first_token = threading.Barrier(2 * streams_each + 1, timeout=120)
     outcome: dict[str, dict] = {}
 
