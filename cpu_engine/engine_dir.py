@@ -60,10 +60,13 @@ def _load_engine(engine_dir: str | Path) -> LoadedEngine:
                          f"{sorted(VARIANT_OF_QUANT_ALGO)})")
     variant = VARIANT_OF_QUANT_ALGO.get(quant_algo)
     dtype = DTYPES[pc["dtype"]]
+    # Built on the meta device and then allocated uninitialised: no random init of weights the file replaces.
     # Parameters take the compute dtype first; quantised modules keep their own buffer dtypes, and
-    # load_state_dict copies (and casts) into whatever is there.
-    model = Transformer(ModelArgs.from_pretrained_config(pc)).to(dtype)
-    swap_linears(model, variant, pc["quantization"].get("group_size"))
+    # load_state_dict copies (and casts) into whatever is there, so the file's buffer is freed after loading.
+    with torch.device("meta"):
+        model = Transformer(ModelArgs.from_pretrained_config(pc)).to(dtype)
+        swap_linears(model, variant, pc["quantization"].get("group_size"))
+    model.to_empty(device="cpu")
     state = load_file(str(Path(engine_dir) / WEIGHTS_FILE))
     if variant == "fp8":
         for name in [n for n in state if n.endswith("_proj.scales")]:
@@ -72,5 +75,7 @@ def _load_engine(engine_dir: str | Path) -> LoadedEngine:
         state.setdefault("lm_head.weight", state["embed_tokens.weight"])
     fuse_projections(state)
     model.load_state_dict(state, strict=True)
+    if model.args.tie_word_embeddings:  # one tensor, as in the checkpoint (56 MB saved in bf16)
+        model.lm_head.weight = model.embed_tokens.weight
     prepare_for_cpu(model, variant, dtype)
     return LoadedEngine(model.eval(), config, dtype, time.perf_counter() - start)

@@ -55,7 +55,7 @@ class ModelArgs:
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     """Inverse frequencies, with Llama-3 style and linear scaling applied as Hugging Face does."""
     dim = args.head_dim
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
     scaling = args.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "linear":

@@ -174,8 +174,10 @@ class Int4Linear(nn.Module):
         return torch.stack((self.qweight & 15, self.qweight >> 4), dim=-1).reshape(self.qweight.shape[0], -1)
 
     def pack(self) -> None:
+        """The kernel's layout replaces the file's (one copy of the weights in memory)."""
         self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(self._unpacked().int(), 1))
         self.register_buffer("scales_zeros", torch.stack((self.scales.T, self.zeros.T), dim=-1).contiguous())
+        del self.qweight, self.scales, self.zeros
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
@@ -183,7 +185,9 @@ class Int4Linear(nn.Module):
         return out.view(*x.shape[:-1], -1).to(x.dtype)
 
     def dequantised(self) -> torch.Tensor:
-        return int4_group_dequantise(self._unpacked(), self.scales, self.zeros)
+        """Through the kernel itself: the identity times Wᵀ."""
+        eye = torch.eye(self.packed.shape[1] * 2, dtype=torch.bfloat16)
+        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_zeros).T.float()
 
 
 def fp8_quantise(weight: torch.Tensor) -> dict[str, torch.Tensor]:
