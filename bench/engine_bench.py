@@ -197,16 +197,14 @@ class CpuMonitor:
                 "foreign_cores": max(0.0, (busy - ours) / wall), "load1": os.getloadavg()[0]}
 
 
-    def processes(self) -> dict[int, tuple[str, float]]:
-        """CPU seconds so far of this process and each descendant, labelled (Triton stubs by model name)."""
+    def _tree(self):
+        """(process, label) for this process and each descendant (Triton stubs labelled by model name)."""
         if self._psutil is None:
-            return {}
+            return
         me = self._psutil.Process()
-        out = {}
         for proc in [me] + me.children(recursive=True):
             try:
                 cmd = proc.cmdline()
-                ct = proc.cpu_times()
             except self._psutil.Error:
                 continue
             if proc.pid == me.pid:
@@ -217,8 +215,29 @@ class CpuMonitor:
                 label = "tritonserver (core, gRPC, ensemble)"
             else:
                 label = Path(cmd[0]).name if cmd else proc.name()
+            yield proc, label
+
+    def processes(self) -> dict[int, tuple[str, float]]:
+        """CPU seconds so far of this process and each descendant, labelled."""
+        out = {}
+        for proc, label in self._tree():
+            try:
+                ct = proc.cpu_times()
+            except self._psutil.Error:
+                continue
             out[proc.pid] = (label, ct.user + ct.system)
         return out
+
+    def rss_mb(self, label: str) -> float | None:
+        """Resident memory of the descendant(s) with ``label``, MB (None without psutil or no such process)."""
+        total = None
+        for proc, name in self._tree():
+            if name == label:
+                try:
+                    total = (total or 0.0) + proc.memory_info().rss / 2**20
+                except self._psutil.Error:
+                    continue
+        return total and round(total, 1)
 
     @staticmethod
     def breakdown(before: dict, after: dict, wall: float) -> dict[str, float]:
@@ -416,6 +435,14 @@ class _Stamps:
 
 
 def bench_hf(model: BenchModel, dtype_name: str, opts: Options) -> tuple[list[dict], list[list[int]]]:
+    """On a scratch thread: an OpenMP pool left on this (main) thread would slow the in-process engine's thread
+    measured after it (cpu_engine/threads.py)."""
+    from cpu_engine.threads import on_scratch_thread
+
+    return on_scratch_thread(_bench_hf, model, dtype_name, opts)
+
+
+def _bench_hf(model: BenchModel, dtype_name: str, opts: Options) -> tuple[list[dict], list[list[int]]]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -626,7 +653,23 @@ def bench_triton(model: BenchModel, variant: str, engine_dir: Path, opts: Option
                                  sum(x.num_output_tokens for x in comps), wall, MONITOR.stop(mark))
             rec["cpu_cores_by_process"] = MONITOR.breakdown(procs, MONITOR.processes(), wall)
             records.append(rec)
+        # After the top concurrency: every slot has held a sequence, so the KV cache and kernels' buffers are in.
+        records[-1]["llm_rss_mb"] = MONITOR.rss_mb("python stub: llm")
+        records[-1]["rss_budget_mb"] = engine_memory_budget_mb(engine_dir)
     return records
+
+
+def engine_memory_budget_mb(engine_dir: Path) -> float:
+    """Issue 15's memory bound for the llm process: weights file + the whole KV cache + 300 MB."""
+    from cpu_engine import read_config
+    from cpu_engine.engine_dir import WEIGHTS_FILE
+
+    config = read_config(engine_dir)
+    pc, build = config["pretrained_config"], config["build_config"]
+    element = 4 if pc["dtype"] == "float32" else 2
+    kv = 2 * pc["num_hidden_layers"] * pc["num_key_value_heads"] * pc["head_size"] * element
+    kv *= build["max_batch_size"] * build["max_seq_len"]
+    return round(((engine_dir / WEIGHTS_FILE).stat().st_size + kv) / 2**20 + 300, 1)
 
 
 async def _triton_streams(url: str, streams: int, per_stream: int, prompts: list[str], new: int):
@@ -928,6 +971,13 @@ def main(argv: list[str] | None = None) -> None:
             if m == name and (peer, variant) != ("hf", "fp32"):
                 state.agreements.append({"model": name, "peer": peer, "variant": variant, "reference": "hf fp32",
                                          **agreement(ref, toks)})
+    # The first prompt's greedy continuation from every peer, as text, side by side in the report.
+    from transformers import AutoTokenizer
+
+    for name, info in state.models.items():
+        tok = AutoTokenizer.from_pretrained(str(PROJECT_ROOT / info["checkpoint"]), local_files_only=True)
+        info["greedy_text"] = {f"{peer} {variant}": tok.decode(toks[0][:32])
+                               for (m, peer, variant), toks in outputs.items() if m == name and toks}
     meta.update({"finished": dt.datetime.now().isoformat(timespec="seconds"), "load_end": os.getloadavg(),
                  "duration_s": round(time.time() - started, 1)})
     state.save()

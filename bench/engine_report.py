@@ -59,6 +59,10 @@ def compute_targets(records: list[dict], meta: dict) -> list[dict]:
             if t_top:
                 out.append(_target(f"Triton TTFT P50 at {top} streams ≤ {TTFT_P50_MS:g} ms", model, variant,
                                    TTFT_P50_MS / t_top["ttft_p50_ms"], 1.0, f"{t_top['ttft_p50_ms']:.0f} ms"))
+            if t_top and t_top.get("llm_rss_mb"):
+                out.append(_target("llm process RSS ≤ weights + KV cache + 300 MB", model, variant,
+                                   t_top["rss_budget_mb"] / t_top["llm_rss_mb"], 1.0,
+                                   f"{t_top['llm_rss_mb']:.0f} MB vs {t_top['rss_budget_mb']:.0f} MB"))
             if t_top and e_top:
                 out.append(_target(f"Triton-served ≥ 0.9× in-process at {top} streams", model, variant,
                                    t_top["agg_tok_s"] / e_top["agg_tok_s"], 0.9,
@@ -71,6 +75,10 @@ def compute_targets(records: list[dict], meta: dict) -> list[dict]:
 PEER_ORDER = {"hf": 0, "llama.cpp": 1, "engine": 2, "triton": 3}
 PEER_LABEL = {"hf": "HF generate (one at a time)", "llama.cpp": "llama.cpp (one at a time)",
               "engine": "engine in-process", "triton": "engine via Triton (gRPC streams)"}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def _f(x, digits=1) -> str:
@@ -165,6 +173,12 @@ def write_markdown(data: dict, out: Path) -> Path:
         L += ["", "A sequence stops matching at its first differing token; after that the continuations differ "
               "by construction, so a low prefix on a random-weight model (near-tied logits) is expected for "
               "reduced precisions.", ""]
+    for name, info in data.get("models", {}).items():
+        if info.get("greedy_text"):
+            L += [f"## Greedy output side by side ({name}, first prompt, first 32 tokens)", "",
+                  "| peer | output |", "|---|---|"]
+            L += [f"| {who} | {_cell(repr(text))} |" for who, text in info["greedy_text"].items()]
+            L.append("")
     if data.get("llama_cpp"):
         L += ["## llama.cpp GGUF", "",
               "Written by `bench/gguf_export.py` from the Hugging Face checkpoint with the `gguf` package (Llama "
