@@ -48,8 +48,10 @@ if [ "$(basename "$ENGINE")" = podman ]; then
   pipdir=$(mktemp -d /tmp/triton-llm-pip.XXXXXX)
   trap 'rm -rf "$pipdir"' EXIT
   # The host's pip configuration as one [global] section; files it names are copied next to it, local directories
-  # (find-links, file:// indexes) are mounted read-only at the same paths.
+  # (find-links, file:// indexes) are mounted read-only at /run/host-pip-N and the configuration points there
+  # (buildah leaves the empty mount points in the image: under /run, not beside the image's own /opt/venv).
   declare -A mounts=()
+  n=0
   {
     echo "[global]"
     while IFS= read -r line; do
@@ -59,13 +61,18 @@ if [ "$(basename "$ENGINE")" = podman ]; then
           [ -f "$value" ] || continue
           cp "$value" "$pipdir/$key"; value=/run/host-pip/$key ;;
         find-links|index-url|extra-index-url)
+          out=()
           for item in $value; do
             dir=${item#file://}
-            [ "$dir" != "$item" ] || [ "${item#/}" != "$item" ] || continue
+            if [ "$dir" = "$item" ] && [ "${item#/}" = "$item" ]; then out+=("$item"); continue; fi  # a URL
             # an index's pages link its files relatively (../../files/...): mount the folder above it
-            [ "$key" = find-links ] || dir=$(dirname "${dir%/}")
-            if [ -d "$dir" ]; then mounts[$dir]=1; fi
-          done ;;
+            top=$dir; [ "$key" = find-links ] || top=$(dirname "${dir%/}")
+            [ -d "$top" ] || continue
+            if [ -z "${mounts[$top]:-}" ]; then mounts[$top]=/run/host-pip-$n; n=$((n + 1)); fi
+            inside=${mounts[$top]}${dir#"$top"}
+            if [ "$dir" = "$item" ]; then out+=("$inside"); else out+=("file://$inside"); fi
+          done
+          value="${out[*]}" ;;
       esac
       echo "$key = $value"
     done < <("$PYTHON" -m pip config list 2>/dev/null | sort -t. -k2,2 -u)
@@ -73,11 +80,14 @@ if [ "$(basename "$ENGINE")" = podman ]; then
   if [ "$(wc -l <"$pipdir/pip.conf")" -gt 1 ]; then
     chmod -R a+rX "$pipdir"
     args+=(--volume "$pipdir:/run/host-pip:ro")
-    for dir in "${!mounts[@]}"; do args+=(--volume "$dir:$dir:ro"); done
+    for dir in "${!mounts[@]}"; do args+=(--volume "$dir:${mounts[$dir]}:ro"); done
     echo "image_build.sh: pip inside the build uses this machine's configuration: $(tail -n +2 "$pipdir/pip.conf" | cut -d' ' -f1 | tr '\n' ' ')"
   fi
 fi
 
+# IMAGE_BUILD_ARGS: more build options (e.g. --no-cache), split on spaces.
+read -r -a more <<<"${IMAGE_BUILD_ARGS:-}"
+args+=("${more[@]}")
 echo "image_build.sh: $ENGINE ${args[*]} ."
 start=$(date +%s)
 "$ENGINE" "${args[@]}" .
