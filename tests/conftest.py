@@ -1,8 +1,8 @@
 """Session fixtures: a tiny random Llama, its CPU engine, the rendered repository and a real tritonserver.
 
-``triton`` is parametrised over the two layouts (tests/stack.py LAYOUTS): the CPU one, and the GPU one with the
-``tensorrt_llm`` stand-in over the same CPU engine. A module marked ``both_layouts`` runs its ``triton`` tests
-against each (one session server per layout); every other test gets the CPU layout only.
+``triton`` and ``layout_repository`` follow ``layout``, one of the two layouts (tests/stack.py LAYOUTS): the CPU
+one, and the GPU one with the ``tensorrt_llm`` stand-in over the same CPU engine. A module marked ``both_layouts``
+runs its tests against each (one session server per layout); every other test gets the CPU layout only.
 """
 
 from __future__ import annotations
@@ -24,8 +24,17 @@ def pytest_configure(config):
 
 
 def pytest_generate_tests(metafunc):
-    if "triton" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_layouts") is None:
-        metafunc.parametrize("triton", ["cpu"], indirect=True, scope="session")
+    """Which layouts a test runs against (``triton``, ``layout_repository``): every one in a module marked
+    ``both_layouts``, the CPU one elsewhere."""
+    if "layout" in metafunc.fixturenames:
+        both = metafunc.definition.get_closest_marker("both_layouts") is not None
+        metafunc.parametrize("layout", LAYOUTS if both else ("cpu",), indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def layout(request) -> str:
+    """One of tests/stack.py LAYOUTS (parametrised by pytest_generate_tests above)."""
+    return request.param
 
 
 @pytest.fixture(scope="session")
@@ -55,25 +64,21 @@ def model_repository(test_profile, tmp_path_factory) -> Path:
     return render_repository(test_profile, tmp_path_factory.mktemp("repo") / "model_repository")
 
 
-@pytest.fixture(scope="session", params=LAYOUTS)
-def layout_repository(request, test_profile, model_repository, tmp_path_factory) -> Path:
-    """The session repository in each layout, for tests that start servers of their own (reliability)."""
-    if request.param == "cpu":
+@pytest.fixture(scope="session")
+def layout_repository(layout, test_profile, model_repository, tmp_path_factory) -> Path:
+    """The session repository in ``layout``: the CPU one is ``model_repository``."""
+    if layout == "cpu":
         return model_repository
-    return render_layout(request.param, test_profile, tmp_path_factory.mktemp(f"repo-{request.param}") /
-                         "model_repository")
+    return render_layout(layout, test_profile, tmp_path_factory.mktemp(f"repo-{layout}") / "model_repository")
 
 
-@pytest.fixture(scope="session", params=LAYOUTS)
-def triton(request, test_profile, model_repository, tmp_path_factory):
-    """A real tritonserver on free ports, one per layout, shared by the whole session; ``layout`` says which."""
+@pytest.fixture(scope="session")
+def triton(layout, layout_repository, tmp_path_factory):
+    """A real tritonserver on free ports, one per layout, shared by the whole session; ``.layout`` says which."""
     from serving.launcher import ServerConfig, TritonServer
 
-    layout = request.param
-    repo = model_repository if layout == "cpu" else render_layout(
-        layout, test_profile, tmp_path_factory.mktemp(f"repo-{layout}") / "model_repository")
     log = tmp_path_factory.mktemp(f"triton-{layout}") / "tritonserver.log"
-    config = ServerConfig(model_repository=repo, http_port=0, grpc_port=0, metrics_port=0,
+    config = ServerConfig(model_repository=layout_repository, http_port=0, grpc_port=0, metrics_port=0,
                           exit_timeout_secs=10, log_file=log)
     with TritonServer(config, ready_timeout=240) as server:
         server.layout = layout

@@ -17,6 +17,8 @@ import pytest
 from client import LLMClient, SamplingParams
 from tests.reliability import relkit
 
+pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
+
 STORM = 200
 MAX_TOKENS = 200
 

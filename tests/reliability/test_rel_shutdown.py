@@ -20,6 +20,8 @@ from serving.drain import LLM_GRACE_S
 from serving.launcher import free_port
 from tests.reliability import relkit
 
+pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
+
 STREAMS, MAX_TOKENS, EXIT_TIMEOUT = 16, 200, 20
 
 
