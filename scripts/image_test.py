@@ -403,6 +403,9 @@ def check_cold(image: str, starts: int, results: dict) -> None:
     results["cold"] = runs
     worst = max(r["ready_http_s"] for r in runs)
     results["cold_summary"] = {"ready_http_s_max": worst, "goal_s": 10, "met": worst <= 10}
+    # A goal, not a check: the start is CPU-bound (cpu_s_to_ready), so its wall time depends on the machine's load.
+    print(f"  cold start goal <= 10 s: {'met' if worst <= 10 else 'missed'} (slowest {worst:.1f} s, "
+          f"load {max(r['load_1min_at_ready'] for r in runs):.1f} at ready)")
 
 
 # ---------------------------------------------------------------------------------------------------- helm
