@@ -35,6 +35,15 @@ def _engine_idle(metrics_url: str) -> bool:
     return total(samples, "llm_engine_active_slots") == 0 and total(samples, "llm_engine_queued_requests") == 0
 
 
+def _skip_where_the_wrapper_stub_crashes(triton) -> None:
+    if triton.layout != "cpu":
+        # Open finding (docs/gpu.md, "The GPU layout on CPU"): abandoned requests through the GPU layout's llm
+        # wrapper (decoupled BLS streams ended by the backend's stop) aborted the wrapper's Triton 2.51 Python stub
+        # with glibc heap corruption in one full-suite run (here) and in 4 of 5 cancel storms; every later test on
+        # that server then fails ("Stub process 'llm_0_0' is not healthy").
+        pytest.skip("Triton 2.51 Python stub heap corruption in the GPU layout's llm wrapper under abandoned streams")
+
+
 def _abandon_stream(url: str) -> None:
     """Open a stream, read its first event, hang up."""
     with requests.post(url + "/v1/completions", stream=True, timeout=60,
@@ -45,6 +54,7 @@ def _abandon_stream(url: str) -> None:
 
 
 def test_fifty_abandoned_streams_free_every_slot_within_a_second(front, triton):
+    _skip_where_the_wrapper_stub_crashes(triton)
     metrics = triton.urls.metrics
     before = total(scrape(metrics), "llm_requests_finished_total", reason="cancelled")
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -52,19 +62,16 @@ def test_fifty_abandoned_streams_free_every_slot_within_a_second(front, triton):
     deadline = time.monotonic() + 1.0
     wait_for(lambda: _engine_idle(metrics) or time.monotonic() > deadline, timeout=5, what="the engine idle")
     assert _engine_idle(metrics), "slots still held a second after the last client hung up"
-    # Pinned layout difference: in the GPU layout every token crosses one more process (tensorrt_llm → llm wrapper,
-    # a BLS response each) and the hang-up two polls, so the tiny model (~0.1 s for 240 tokens) finishes a third of
-    # the abandoned requests before their cancellation arrives (measured 13 of 20 cancelled); on CPU nearly all.
-    enough = 40 if triton.layout == "cpu" else 20
     cancelled = wait_for(lambda: total(scrape(metrics), "llm_requests_finished_total", reason="cancelled") - before
-                         >= enough and total(scrape(metrics), "llm_requests_finished_total", reason="cancelled")
-                         - before, timeout=5, what="the abandoned requests counted as cancelled")
+                         >= 40 and total(scrape(metrics), "llm_requests_finished_total", reason="cancelled") - before,
+                         timeout=5, what="the abandoned requests counted as cancelled")
     assert cancelled <= 50
     with openai.OpenAI(base_url=front.v1, api_key="x", max_retries=0) as sdk:  # and the server serves on
         assert sdk.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4).usage.completion_tokens == 4
 
 
 def test_abandoned_non_streamed_request_is_cancelled(front, triton):
+    _skip_where_the_wrapper_stub_crashes(triton)
     metrics = triton.urls.metrics
     before = total(scrape(metrics), "llm_requests_finished_total", reason="cancelled")
     for _ in range(3):
