@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="trtllm: see `python -m builders engine --target trtllm --help`")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--output", required=True)
-    p.add_argument("--variant", default="fp32", choices=["fp32", "bf16", "int8_wo", "int8_sq", "fp8"])
+    p.add_argument("--variant", default="fp32", choices=["fp32", "bf16", "int8_wo", "int8_sq", "int4_awq", "fp8"])
     p.add_argument("--sq-alpha", type=float, default=0.5, help="SmoothQuant migration strength (int8_sq)")
-    p.add_argument("--calib-samples", type=int, default=64, help="calibration windows of local text (int8_sq)")
+    p.add_argument("--calib-samples", type=int, default=64, help="calibration windows of local text (int8_sq, int4_awq)")
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument("--max-input-len", type=int, default=768)
     p.add_argument("--max-seq-len", type=int, default=1024)
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sq-alpha", type=float, default=0.5)
     p.add_argument("--calib-samples", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=48, help="greedy answer length cap per question")
-    p.add_argument("--profile", nargs="*", default=[], choices=["bf16", "int8_wo", "int8_sq", "fp8"],
+    p.add_argument("--profile", nargs="*", default=[], choices=["bf16", "int8_wo", "int8_sq", "int4_awq", "fp8"],
                    help="variants to profile (error per projection kind and layer group) besides those that miss "
                         "their perplexity target, which are always profiled")
     p.add_argument("--threads", type=int, default=2)

@@ -202,3 +202,23 @@ def test_eval_command_reports_every_variant(tiny_checkpoint, tmp_path):
     assert fp32.top1_agreement == 1.0 and fp32.mean_kl == 0.0 and fp32.perplexity > 1
     assert int8.quant_algo == "W8A16" and int8.weight_bytes < fp32.weight_bytes and int8.mean_kl > 0
     assert "| int8_wo | W8A16 |" in to_markdown(results, "cmd", 2, 64)
+
+
+def test_builder_cli_offers_every_cpu_variant(tiny_checkpoint, tmp_path, capsys):
+    """`python -m builders engine --variant` takes exactly cpu_build.VARIANTS (it once refused int4_awq)."""
+    from builders.__main__ import main
+    from builders.cpu_build import VARIANTS
+    from cpu_engine.engine_dir import read_config
+
+    def exit_code(variant: str) -> int:
+        # argparse checks --variant's choice before it reaches --help: 2 for a refused value, 0 otherwise.
+        with pytest.raises(SystemExit) as exited:
+            main(["engine", "--checkpoint", "c", "--output", "o", "--variant", variant, "--help"])
+        return exited.value.code
+
+    assert {v: exit_code(v) for v in (*VARIANTS, "int3")} == {**dict.fromkeys(VARIANTS, 0), "int3": 2}
+    capsys.readouterr()
+    out = tmp_path / "int4_awq"
+    main(["engine", "--checkpoint", str(tiny_checkpoint), "--output", str(out), "--variant", "int4_awq",
+          "--calib-samples", "4"])
+    assert read_config(out)["pretrained_config"]["quantization"]["quant_algo"] == "W4A16_AWQ"
