@@ -179,3 +179,28 @@ def test_every_parameter_the_backend_cannot_do_without_is_rendered():
     # An empty value survives the text format (Triton hands the backend string_value "" for `value { }`).
     reparsed = text_format.Parse(tc.to_pbtxt(configs["tensorrt_llm"]), mc.ModelConfig())
     assert "guided_decoding_backend" in reparsed.parameters
+
+
+def test_stand_in_loads_the_config_the_real_backend_would(test_profile):
+    """Issue 19's last check: the stand-in's tensorrt_llm config.pbtxt is the GPU render of the same engine with
+    only the backend swapped and its own standin_* parameters added (tests/conftest.py serves it under Triton)."""
+    from builders.trtllm.standin import standin_configs, standin_engine_config
+
+    options = TrtllmOptions(max_tokens_in_paged_kv_cache="unset")
+    gpu_profile = test_profile.resolved().model_copy(update={"target": "trtllm"})
+    real = {n: c for n, _, c in model_configs_trtllm(gpu_profile, options,
+                                                      standin_engine_config(gpu_profile.engine_dir))}
+    stand_in = {n: c for n, _, c in standin_configs(test_profile, options=options)}
+    assert real.keys() == stand_in.keys()
+    for name in real:
+        if name != "tensorrt_llm":
+            assert stand_in[name] == real[name], name
+    swapped = mc.ModelConfig()
+    swapped.CopyFrom(stand_in["tensorrt_llm"])
+    assert (swapped.backend, real["tensorrt_llm"].backend) == ("python", "tensorrtllm")
+    swapped.backend = "tensorrtllm"
+    added = sorted(k for k in swapped.parameters if k not in real["tensorrt_llm"].parameters)
+    assert added and all(k.startswith("standin_") for k in added), added
+    for key in added:
+        del swapped.parameters[key]
+    assert swapped == real["tensorrt_llm"]
