@@ -427,6 +427,10 @@ def document(opts, profile, sweep, diag, loc, genai, meta, config, engine_cfg, s
               "(or `openai-completions`), `python -m loadtest locust --openai chat --url localhost:9000`, "
               "`python -m loadtest openai-bench --url localhost:8001 --front-url http://localhost:9000 "
               "[--profile-front-door]`.", ""]
+    # Measured by its own command and kept in its own file, so that this rewrite does not drop it.
+    lines += ["## Serving path cost per token, both layouts", "",
+              "CPU per streamed token of each layout with the `null` token source "
+              "(`python -m loadtest.cost_per_token`): [serving-cost.md](serving-cost.md).", ""]
     return "\n".join(lines)
 
 
