@@ -1,6 +1,7 @@
 """CPU LLM engine: model, slotted KV cache, in-flight batching scheduler and sampling."""
 
-from .engine import EngineLimits, LLMEngine, QueueFullError, TokenEvent
+from .admission import QueueFullError
+from .engine import EngineLimits, LLMEngine, TokenEvent
 from .engine_dir import LoadedEngine, load_engine, read_config
 from .sampling import SamplingParams
 from .scheduler import FinishReason, GenerationRequest

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from .admission import Admission
 from .kv_cache import KVCache
 from .model import Transformer
 from .sampling import Sampler
@@ -22,10 +23,6 @@ from .threads import on_scratch_thread
 
 
 CANCEL_POLL_S = 0.02  # how stale a cancellation may be before its slot is freed
-
-
-class QueueFullError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -58,9 +55,7 @@ class LLMEngine:
         self.on_event = on_event
         self.token_bytes = token_bytes
         self._inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
-        self._queued = 0  # submitted but not yet holding a slot; guarded by _lock
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
+        self._admission = Admission(limits.max_queue_size)
         self._cancel_all = False  # set when a shutdown drain times out
         self._next_cancel_check = 0.0
         self._kv_tokens = 0  # token positions held in the cache after the last step (engine thread writes)
@@ -72,12 +67,7 @@ class LLMEngine:
         return self
 
     def submit(self, request: GenerationRequest) -> None:
-        with self._lock:
-            if self._stopping.is_set():
-                raise QueueFullError("the engine is shutting down and accepts no new requests")
-            if self._queued >= self.limits.max_queue_size:
-                raise QueueFullError(f"request queue is full ({self.limits.max_queue_size} waiting); retry later")
-            self._queued += 1
+        self._admission.admit()
         stop_bytes = []
         if self.token_bytes is not None:
             stop_bytes = [b"".join(self.token_bytes[i] for i in w) for w in request.stop_words]
@@ -85,7 +75,7 @@ class LLMEngine:
 
     @property
     def queued(self) -> int:
-        return self._queued
+        return self._admission.waiting
 
     @property
     def active(self) -> int:
@@ -97,7 +87,7 @@ class LLMEngine:
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting work, let in-flight requests finish (up to ``timeout``), then stop the loop."""
-        self._stopping.set()
+        self._admission.stop()
         self._inbox.put(None)
         self._thread.join(timeout)
         if self._thread.is_alive():  # drain timed out: cancel the rest so every client gets an answer
@@ -108,10 +98,10 @@ class LLMEngine:
     def _run(self) -> None:
         with torch.inference_mode():
             while True:
-                self._drain_inbox(block=not self.scheduler.has_work() and not self._stopping.is_set())
+                self._drain_inbox(block=not self.scheduler.has_work() and not self._admission.stopping)
                 if self.scheduler.has_work():
                     self._step()
-                elif self._stopping.is_set():
+                elif self._admission.stopping:
                     return
 
     def _drain_inbox(self, block: bool) -> None:
@@ -136,9 +126,7 @@ class LLMEngine:
                     self._finish(seq, FinishReason.CANCELLED)
         before = len(sched.running)
         sched.admit(self.cache.allocate)
-        if len(sched.running) != before:
-            with self._lock:
-                self._queued -= len(sched.running) - before
+        self._admission.left_queue(len(sched.running) - before)
         plan = sched.plan()
         if plan.decode:
             # In slot order: when the slots form one run the model reads the KV cache as a view (model.Step).
@@ -228,8 +216,7 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.slot < 0:  # still waiting for a slot
-            with self._lock:
-                self._queued -= 1
+            self._admission.left_queue()
         self._release(seq)
         self._emit(seq, None, reason)
 

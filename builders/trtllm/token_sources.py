@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import torch
 
-from cpu_engine import (EngineLimits, FinishReason, GenerationRequest, LLMEngine, QueueFullError, TokenEvent,
-                        load_engine, read_config)
+from cpu_engine import EngineLimits, FinishReason, GenerationRequest, LLMEngine, TokenEvent, load_engine, read_config
+from cpu_engine.admission import Admission
 
 CANCEL_POLL_S = 0.02  # as cpu_engine: is_cancelled() may be an IPC round trip, so it is polled
 
@@ -42,9 +42,7 @@ class NullSource:
         self._inbox: queue.SimpleQueue[GenerationRequest | None] = queue.SimpleQueue()
         self._waiting: deque[GenerationRequest] = deque()
         self._running: dict[str, tuple[GenerationRequest, list[int]]] = {}  # id → (request, output so far)
-        self._pending = 0  # submitted, not yet running (any thread reads; the lock guards writes)
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
+        self._admission = Admission(limits.max_queue_size)
         self._thread = threading.Thread(target=self._run, name="null-tokens", daemon=True)
 
     def start(self) -> "NullSource":
@@ -52,17 +50,12 @@ class NullSource:
         return self
 
     def submit(self, request: GenerationRequest) -> None:
-        with self._lock:
-            if self._stopping.is_set():
-                raise QueueFullError("the engine is shutting down and accepts no new requests")
-            if self._pending >= self.limits.max_queue_size:
-                raise QueueFullError(f"request queue is full ({self.limits.max_queue_size} waiting); retry later")
-            self._pending += 1
+        self._admission.admit()
         self._inbox.put(request)
 
     @property
     def queued(self) -> int:
-        return self._pending
+        return self._admission.waiting
 
     @property
     def active(self) -> int:
@@ -73,7 +66,7 @@ class NullSource:
         return 0.0  # no KV cache
 
     def shutdown(self, timeout: float | None = None) -> None:
-        self._stopping.set()
+        self._admission.stop()
         self._inbox.put(None)
         self._thread.join(timeout)
 
@@ -84,7 +77,7 @@ class NullSource:
                 next_step = max(next_step + self.step_s, time.monotonic())
                 time.sleep(max(next_step - time.monotonic(), 0.0))
             idle = not self._running and not self._waiting
-            if idle and self._stopping.is_set() and self._inbox.empty():
+            if idle and self._admission.stopping and self._inbox.empty():
                 return
             try:
                 item = self._inbox.get(block=idle)
@@ -97,8 +90,7 @@ class NullSource:
             while self._waiting and len(self._running) < self.limits.max_batch_size:
                 request = self._waiting.popleft()
                 self._running[request.request_id] = (request, [])
-                with self._lock:
-                    self._pending -= 1
+                self._admission.left_queue()
             if time.monotonic() >= next_cancel_check:
                 next_cancel_check = time.monotonic() + CANCEL_POLL_S
                 for request_id, (request, output) in list(self._running.items()):

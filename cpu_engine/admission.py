@@ -1,0 +1,44 @@
+"""Bounded, thread-safe admission: what every token source (the CPU engine, the stand-in's null source) does
+when a request arrives — refuse fast when shutting down or when the wait queue is full, else count it waiting
+until it holds a slot. Overload is a quick QueueFullError (→ UNAVAILABLE), never an unbounded queue."""
+
+from __future__ import annotations
+
+import threading
+
+
+class QueueFullError(RuntimeError):
+    pass
+
+
+class Admission:
+    def __init__(self, max_waiting: int):
+        self.max_waiting = max_waiting
+        self._waiting = 0  # admitted, not yet holding a slot (any thread reads; the lock guards writes)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    def admit(self) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                raise QueueFullError("the engine is shutting down and accepts no new requests")
+            if self._waiting >= self.max_waiting:
+                raise QueueFullError(f"request queue is full ({self.max_waiting} waiting); retry later")
+            self._waiting += 1
+
+    def left_queue(self, count: int = 1) -> None:
+        """``count`` admitted requests got a slot or ended before getting one."""
+        if count:
+            with self._lock:
+                self._waiting -= count
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
