@@ -155,6 +155,24 @@ def test_streamed_text_equals_non_streamed_bytes(triton, prompt, exclude_input):
     assert all(c["finish_reason"].reshape(-1)[0] == b"" for c in chunks[:-1])
 
 
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_end_id_ends_the_answer_streamed_and_not(triton, hf, stream):
+    """Hitting end_id: the answer stops before it with finish_reason "stop". In the GPU layout the backend's last
+    response then carries no token at all (end_id is not output), which the llm wrapper once failed to reshape —
+    every chat answer that ended its turn came back with an error after its text."""
+    tokenizer, _ = hf
+    prompt = PROMPTS[0]
+    free = hf_greedy(hf, prompt, 8)
+    assert len(free) == 8, free
+    cut = next(i for i in range(2, 8) if free[i] not in free[:i])  # its first occurrence ends the answer
+    responses, error = stream_request(triton.urls.grpc, "ensemble",
+                                      text_inputs(prompt, 8, end_id=free[cut], stream=stream))
+    assert error is None, error
+    assert b"".join(texts(responses)) == tokenizer.decode(free[:cut]).encode()
+    assert responses[-1]["finish_reason"].reshape(-1)[0] == b"stop"
+    assert responses[-1]["num_output_tokens"].reshape(-1)[0] == cut
+
 def test_http_generate_and_generate_stream_agree(triton):
     body = {"text_input": "for i in range(", "max_tokens": 32, "temperature": 0.8, "seed": 3}
     whole = requests.post(f"{triton.urls.http}/v2/models/ensemble/generate", json=body)

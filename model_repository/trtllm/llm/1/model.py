@@ -168,7 +168,7 @@ class TritonPythonModel:
                     continue
                 out = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
                 seq = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
-                row = out.reshape(-1, out.shape[-1])[0]  # batch 1, beam 0
+                row = out.reshape(-1)[: out.shape[-1]]  # batch 1, beam 0; [1, 1, 0] when end_id ends it
                 n = min(int(seq.reshape(-1)[0]), row.shape[0])
                 chunk = state.push([int(i) for i in row[:n]])
                 if chunk is not None:
