@@ -128,6 +128,18 @@ def _status(url: str, headers: dict[str, str] | None = None) -> int:
     except (urllib.error.URLError, OSError):
         return 0
 
+def _wait_ready(url: str, proc, log, timeout_s: float, what: str) -> None:
+    """Poll ``url`` until it answers 200; if ``proc`` ends or the time runs out, fail with its log's tail (read
+    before the kill: a removed container has no logs), the process stopped."""
+    deadline = time.monotonic() + timeout_s
+    while _status(url) != 200:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = log.read_text()[-3000:]
+            proc.kill()
+            pytest.fail(f"{what} did not become ready:\n{tail}", pytrace=False)
+        time.sleep(0.3)
+
+
 
 @pytest.fixture(scope="module")
 def chart_server(helm_bin, helm_env, request, tmp_path_factory):
@@ -159,12 +171,7 @@ def chart_server(helm_bin, helm_env, request, tmp_path_factory):
         proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", *args], cwd=ROOT, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     http = f"127.0.0.1:{ports['HTTP_PORT']}"
-    deadline = time.monotonic() + 300
-    while _status(f"http://{http}/v2/health/ready") != 200:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the chart's CPU command did not become ready:\n{log.read_text()[-3000:]}", pytrace=False)
-        time.sleep(0.5)
+    _wait_ready(f"http://{http}/v2/health/ready", proc, log, 300, "the chart's CPU command")
     try:
         yield {**info, "proc": proc, "http": http, "http_host": http, "grpc": f"127.0.0.1:{ports['GRPC_PORT']}",
                "log": log, "netns": None, "client_python": sys.executable}
@@ -198,13 +205,8 @@ def _chart_server_in_image(pod: dict, server: dict, args: list[str], info: dict)
                    check=True, capture_output=True, text=True, timeout=120)
     proc = _ContainerProcess(name)
     http_host = f"127.0.0.1:{host['HTTP_PORT']}"
-    deadline = time.monotonic() + 300
     try:
-        while _status(f"http://{http_host}/v2/health/ready") != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the chart's Triton container did not become ready:\n{_LogView(name).read_text()[-3000:]}",
-                            pytrace=False)
-            time.sleep(0.3)
+        _wait_ready(f"http://{http_host}/v2/health/ready", proc, _LogView(name), 300, "the chart's Triton container")
         yield {**info, "proc": proc, "http": f"127.0.0.1:{inner['HTTP_PORT']}", "http_host": http_host,
                "grpc": f"127.0.0.1:{inner['GRPC_PORT']}", "log": _LogView(name), "netns": name,
                "client_python": "python", "openai_inner": openai_inner, "openai_host": host["OPENAI_PORT"]}
@@ -261,12 +263,7 @@ def chart_front_door(chart_server, tmp_path):
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
     probe = front["readinessProbe"]["httpGet"]["path"]
-    deadline = time.monotonic() + 120
-    while _status(f"http://127.0.0.1:{port}{probe}") != 200:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the chart's front door did not become ready:\n{log.read_text()[-3000:]}", pytrace=False)
-        time.sleep(0.3)
+    _wait_ready(f"http://127.0.0.1:{port}{probe}", proc, log, 120, "the chart's front door")
     try:
         yield {"proc": proc, "openai": f"127.0.0.1:{port}", "log": log, "netns": None}
     finally:
@@ -286,13 +283,9 @@ def _front_door_in_image(chart_server: dict, front: dict):
                     *front["command"][1:]], check=True, capture_output=True, text=True, timeout=120)
     proc = _ContainerProcess(name)
     probe = front["readinessProbe"]["httpGet"]["path"]
-    deadline = time.monotonic() + 120
     try:
-        while _status(f"http://127.0.0.1:{chart_server['openai_host']}{probe}") != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the chart's front door did not become ready:\n{_LogView(name).read_text()[-3000:]}",
-                            pytrace=False)
-            time.sleep(0.3)
+        _wait_ready(f"http://127.0.0.1:{chart_server['openai_host']}{probe}", proc, _LogView(name), 120,
+                    "the chart's front door")
         yield {"proc": proc, "openai": f"127.0.0.1:{chart_server['openai_inner']}", "log": _LogView(name),
                "netns": chart_server["netns"]}
     finally:
