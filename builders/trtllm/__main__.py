@@ -84,7 +84,7 @@ def _check_engine(argv):
 def _standin(argv):
     from ..profile import PROJECT_ROOT, ServingProfile
     from .standin import render_layout
-    from .token_sources import TOKEN_SOURCES
+    from cpu_engine.token_sources import TOKEN_SOURCES
 
     p = argparse.ArgumentParser(prog="python -m builders.trtllm standin")
     p.add_argument("--profile", default=str(PROJECT_ROOT / "builders/profiles/cpu.yaml"), help="a CPU profile")

@@ -35,7 +35,7 @@ def standin_engine_config(engine_dir: str | Path) -> dict:
 def standin_configs(profile: ServingProfile, token_source: str = "engine", options: TrtllmOptions | None = None,
                     null_step_ms: float = 0.0):
     """(model name, source, ModelConfig) of the GPU repository over a CPU engine (a CPU profile's engine)."""
-    from .token_sources import TOKEN_SOURCES  # it loads the engine's modules (torch): only when rendering
+    from cpu_engine.token_sources import TOKEN_SOURCES  # it loads the engine's modules (torch): only when rendering
 
     if token_source not in TOKEN_SOURCES:
         raise ValueError(f"token source {token_source!r}: expected one of {', '.join(TOKEN_SOURCES)}")

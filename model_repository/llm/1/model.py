@@ -61,7 +61,7 @@ class TritonPythonModel:
         limits = EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
                               max_num_tokens=build["max_num_tokens"], max_queue_size=int(params["max_queue_size"]))
         if params.get("token_source") == "null":  # tokens without model compute: loadtest/cost_per_token.py
-            from builders.trtllm.token_sources import NullSource
+            from cpu_engine.token_sources import NullSource
 
             self.engine = NullSource(limits, self._events.put, float(params.get("null_step_ms", "0")) / 1e3).start()
         else:

@@ -4,7 +4,7 @@ Python backend (``make serve LAYOUT=trtllm-standin``; builders/trtllm/standin.py
 Its config.pbtxt is the one the GPU layout renders for the real backend (builders/trtllm/layout.py
 ``tensorrt_llm_config``) with only ``backend`` swapped and ``standin_*`` parameters added, so the ``llm``
 wrapper meets the same inputs, outputs and parameters here as on a GPU. Tokens come from the CPU engine or the
-``null`` source (builders/trtllm/token_sources.py).
+``null`` source (cpu_engine/token_sources.py).
 
 What it reproduces of the C++ backend, and where that was read (tensorrtllm_backend r25.02,
 ``inflight_batcher_llm/src/model_instance_state.cc`` and ``utils.cc``; the r26.07 backend lives in TensorRT-LLM's
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from builders.trtllm.token_sources import open_source
+from cpu_engine.token_sources import open_source
 from cpu_engine import GenerationRequest, QueueFullError, SamplingParams, TokenEvent
 from serving.llm_metrics import LLMMetrics
 from serving.request_params import resolve_sampling

@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 import torch
 
-from cpu_engine import EngineLimits, FinishReason, GenerationRequest, LLMEngine, TokenEvent, load_engine, read_config
-from cpu_engine.admission import Admission
-
-CANCEL_POLL_S = 0.02  # as cpu_engine: is_cancelled() may be an IPC round trip, so it is polled
+from .admission import Admission
+from .engine import CANCEL_POLL_S, EngineLimits, LLMEngine, TokenEvent
+from .engine_dir import load_engine, read_config
+from .scheduler import FinishReason, GenerationRequest
 
 TOKEN_SOURCES = ("engine", "null")
 
