@@ -38,6 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCKS = ("requirements.lock", "requirements-server.lock", "requirements-gpu.lock")
 ENV_LOCKS = LOCKS[:2]  # what the project's venv installs; the GPU lock is the image's
 LOCK_TOOLS = ("pip",)  # locked with the project's requirements (build-system.requires come from pyproject.toml)
+# Left out of the resolution itself: xgrammar (guided decoding) requires OpenAI's triton compiler on Linux x86_64, but
+# only for its CUDA bitmask kernel (imported lazily, never on CPU); triton is a 200+ MB CUDA-stack wheel.
+EXCLUDED = ("triton",)
 GPU_LOCK_PACKAGES = ("pip", "tritonclient[grpc]", "protobuf", "pydantic", "pyyaml", "fastapi", "uvicorn", "httptools",
                      "prometheus-client")
 UV_VERSION = "0.13.9"
@@ -65,6 +68,8 @@ HEADERS = {
 # /opt/wheels (pip's find-links) and `make lock` recorded that file's hash. A machine without /opt/wheels gets the
 # same file from PyTorch's CPU index, and the hash check proves it is the same bytes (pip refuses any other file):
 #   export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu   (then the same pip install)
+# triton (OpenAI's GPU compiler, which xgrammar requires on Linux only for its CUDA kernel) is excluded from the
+# resolution (scripts/lock.py EXCLUDED), so `pip check` reports "xgrammar ... requires triton, which is not installed".
 # Resolved for CPython 3.11 on Linux x86_64, glibc 2.36 (Debian 12: our machines and the CPU image); each pin lists
 # the hashes of all its published files, and pip installs only one whose hash is listed.
 """,
@@ -106,7 +111,7 @@ def inputs_digest(root: Path = ROOT) -> str:
               "dev": sorted(project["project"]["optional-dependencies"]["dev"]),
               "build-system": sorted(project["build-system"]["requires"]),
               "server": sorted(filter(None, server)),
-              "lock": ["main:", *LOCK_TOOLS, "gpu:", *GPU_LOCK_PACKAGES]}
+              "lock": ["main:", *LOCK_TOOLS, "gpu:", *GPU_LOCK_PACKAGES, "excluded:", *EXCLUDED]}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
@@ -185,7 +190,10 @@ def write(upgrade: bool, upgrade_packages: Sequence[str], torch_wheels: str, roo
                        check=True)
 
     main_extra = [*_pyproject(root)["build-system"]["requires"], *LOCK_TOOLS]  # "-": read from stdin
-    run([*CPU_TARGET, *torch, "pyproject.toml", "--extra", "dev", "-", "-o", f"{WORK}/requirements.lock"], main_extra)
+    excludes = work / "excludes.txt"
+    excludes.write_text("".join(f"{name}\n" for name in EXCLUDED))
+    run([*CPU_TARGET, *torch, "pyproject.toml", "--extra", "dev", "--excludes", f"{WORK}/excludes.txt", "-", "-o",
+         f"{WORK}/requirements.lock"], main_extra)
     run([*CPU_TARGET, "--no-deps", "requirements-server.txt", "-o", f"{WORK}/requirements-server.lock"])
     # The GPU lock takes requirements.lock's versions (-c), resolved in build/lock so the annotations read the same.
     run([*GPU_TARGET, "-", "-c", "requirements.lock", "-o", "requirements-gpu.lock"], GPU_LOCK_PACKAGES, cwd=work)
