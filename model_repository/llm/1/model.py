@@ -235,3 +235,4 @@ class TritonPythonModel:
         self.engine.shutdown(timeout=self.drain_timeout_s)
         self._events.put(None)
         self._sender.join(timeout=5)
+        self.metrics.close()

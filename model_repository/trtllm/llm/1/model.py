@@ -8,11 +8,18 @@ Cancellation: one thread polls every stream's ``is_cancelled()`` (as the C++ bac
 ends a cancelled one with the backend's own ``stop`` request under that stream's request id. That works on every
 Triton: the response iterator's ``cancel()`` exists only in newer Python backends (not in 2.51, which runs the CPU
 tests), and the per-token path makes no ``is_cancelled()`` round trip.
+
+Finished BLS response iterators are kept for ``RETIRE_S`` before Python lets go of them (``_retire``): in Triton
+2.51's stub an iterator keeps every response it gave, and when the stub's own cleanup thread drops the last
+reference it frees them without the GIL — heap corruption that aborted this stub under cancellation (core dump:
+``~ResponseIterator`` in ``Stub::ServiceStubToParentRequests``). Held here, the last reference is Python's.
 """
 
 import queue
 import threading
+import time
 import uuid
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -34,6 +41,9 @@ _FORWARD = {
 }
 _WORD_LISTS = ("stop_words_list", "bad_words_list")
 CANCEL_POLL_S = 0.02  # as the CPU engine: how stale a client's cancellation may be
+# How long a finished BLS iterator is held: the stub's cleanup of it is one queued IPC message (microseconds to
+# milliseconds); seconds leave it done long before Python releases the iterator (module docstring).
+RETIRE_S = 10.0
 
 
 @dataclass
@@ -59,6 +69,7 @@ class TritonPythonModel:
         self._inflight_lock = threading.Lock()
         self._closing = threading.Event()
         self._to_end: queue.SimpleQueue[str] = queue.SimpleQueue()  # streams a client's `stop` named
+        self._retired: deque[tuple[float, object]] = deque()  # (release time, finished BLS iterator)
         self._canceller = threading.Thread(target=self._watch_cancellation, name="llm-cancel", daemon=True)
         self._canceller.start()
 
@@ -108,9 +119,18 @@ class TritonPythonModel:
             model_name=self.trt_model, request_id=bls_id, requested_output_names=[],
             inputs=[pb_utils.Tensor("stop", np.array([[True]])), pb_utils.Tensor("input_lengths", one),
                     pb_utils.Tensor("request_output_len", one)])
-        for response in stop.exec(decoupled=True):
-            if response.has_error():
-                pb_utils.Logger.log_error(f"llm: stopping {bls_id} failed: {response.error().message()}")
+        responses = stop.exec(decoupled=True)
+        try:
+            for response in responses:
+                if response.has_error():
+                    pb_utils.Logger.log_error(f"llm: stopping {bls_id} failed: {response.error().message()}")
+        finally:
+            self._retire(responses)
+
+    def _retire(self, responses) -> None:
+        """Hold a finished BLS response iterator for RETIRE_S (module docstring: Triton 2.51 frees it without the
+        GIL when its cleanup thread holds the last reference)."""
+        self._retired.append((time.monotonic() + RETIRE_S, responses))
 
     def _watch_cancellation(self) -> None:
         """The one thread that sends stop requests (clients' ``stop`` and cancellations alike)."""
@@ -127,6 +147,9 @@ class TritonPythonModel:
                     self._end(bls_id)
                 except Exception as exc:  # noqa: BLE001 - one failed stop must not stop the watch
                     pb_utils.Logger.log_error(f"llm: cancelling {bls_id} failed: {exc}")
+            now = time.monotonic()
+            while self._retired and self._retired[0][0] <= now:
+                self._retired.popleft()
 
     def _prepare(self, request):
         ids = single_row(request, "input_ids")
@@ -158,10 +181,12 @@ class TritonPythonModel:
     # ---- worker threads: one BLS stream per request ------------------------------------------------------
     def _stream(self, inputs, state: StreamState, sender, outputs: frozenset[str], bls_id: str):
         stream = self._inflight[bls_id]
+        responses = None
         try:
             bls = pb_utils.InferenceRequest(model_name=self.trt_model, inputs=inputs, request_id=bls_id,
                                             requested_output_names=["output_ids", "sequence_length"])
-            for response in bls.exec(decoupled=True):
+            responses = bls.exec(decoupled=True)
+            for response in responses:
                 if response.has_error():
                     raise pb_utils.TritonModelException(response.error().message())
                 if stream.cancelled or not response.output_tensors():
@@ -176,6 +201,9 @@ class TritonPythonModel:
             final = self._response(state.finish(stream.cancelled), outputs)
         except Exception as exc:  # noqa: BLE001 - the client must get an answer whatever failed
             final = error_response(exc, pb_utils.TritonError.INTERNAL)
+        finally:
+            if responses is not None:
+                self._retire(responses)
         with self._inflight_lock:
             del self._inflight[bls_id]
         try:
