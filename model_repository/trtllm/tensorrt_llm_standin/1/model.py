@@ -41,6 +41,7 @@ from serving.llm_metrics import LLMMetrics
 from serving.request_params import resolve_sampling
 from serving.stub_python import check_stub
 from serving.text import from_word_list, token_bytes_table
+from serving.trtllm_metrics import TrtLlmMetrics
 from serving.triton_io import model_parameters
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -91,6 +92,9 @@ class TritonPythonModel:
         self.source = open_source(params["standin_token_source"], params["gpt_model_path"], queue_size,
                                   self._events.put, table, int(params.get("standin_cpu_threads", "0")),
                                   float(params["standin_null_step_ms"]) / 1e3)
+        # What the real backend exports (nv_trt_llm_*): the chart's GPU queries read these.
+        self.trt_metrics = TrtLlmMetrics(args["model_name"], args["model_version"],
+                                         self.source.limits.max_batch_size, self.source.limits.max_seq_len)
         self.max_input_len = int(params["standin_max_input_len"])
         self.max_seq_len = int(params["standin_max_seq_len"])
         self._sender = threading.Thread(target=self._send_loop, name="tensorrt_llm-responses", daemon=True)
@@ -119,6 +123,7 @@ class TritonPythonModel:
                     output_tensors=[], error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INTERNAL)),
                     flags=_FINAL)
         self.metrics.update_gauges(self.source.queued, self.source.active, self.source.kv_occupancy, force=True)
+        self._update_trt_metrics()
         return None
 
     def _stop(self, triton_id: str, sender) -> None:
@@ -204,6 +209,8 @@ class TritonPythonModel:
             self.metrics.request_finished(event.finish_reason.value, stream.arrival, stream.first_token,
                                           time.monotonic(), event.num_input_tokens, event.num_output_tokens)
             self.metrics.update_gauges(self.source.queued, self.source.active, self.source.kv_occupancy, force=True)
+            self.trt_metrics.request_finished(event.num_input_tokens, event.num_output_tokens)
+            self._update_trt_metrics()
         # The prompt leads the first response when it is not excluded (executor OutputConfig
         # excludeInputFromOutput; for streaming this is our reading of the executor, not observed).
         ids, stream.echo = stream.echo + new, []
@@ -216,7 +223,13 @@ class TritonPythonModel:
         except Exception as exc:  # noqa: BLE001 - a client that has gone must not stop the other streams
             pb_utils.Logger.log_error(f"tensorrt_llm stand-in: sending a response failed: {exc}")
 
+    def _update_trt_metrics(self) -> None:
+        no_token_yet = sum(s.first_token is None for s in list(self._streams.values()))
+        self.trt_metrics.update(self.source.active, max(no_token_yet - self.source.queued, 0),
+                                self.source.kv_occupancy)
+
     def finalize(self):
         self.source.shutdown(timeout=25)
         self._events.put(None)
         self._sender.join(timeout=5)
+        self.trt_metrics.close()
