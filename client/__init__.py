@@ -9,18 +9,24 @@
             print(delta, end="", flush=True)
         print(stream.completion.timings)
         print(llm.chat([{"role": "user", "content": "What is the capital of France?"}]).text)
+        for choice in llm.generate_n("Once", SamplingParams(n=3, temperature=1.0, seed=1, logprobs=True)):
+            print(choice.index, choice.text, [t.logprob for t in choice.logprobs])
+        print(llm.generate("A JSON list:", SamplingParams(guide=Guide("json"))).text)
 """
 
 from client.aio import AsyncLLMClient, AsyncTextStream
-from client.core import (Completion, GenerationError, Health, Message, SamplingParams, ServerUnavailableError,
-                         Timings)
+from client.core import (GUIDE_TYPES, Chunk, Completion, GenerationError, Guide, Health, Message, SamplingParams,
+                         ServerUnavailableError, Timings, TokenLogprob, TopLogprob)
 from client.sync import LLMClient, TextStream
 
 __all__ = [
+    "GUIDE_TYPES",
     "AsyncLLMClient",
     "AsyncTextStream",
+    "Chunk",
     "Completion",
     "GenerationError",
+    "Guide",
     "Health",
     "LLMClient",
     "Message",
@@ -28,4 +34,6 @@ __all__ = [
     "ServerUnavailableError",
     "TextStream",
     "Timings",
+    "TokenLogprob",
+    "TopLogprob",
 ]

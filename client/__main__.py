@@ -1,5 +1,9 @@
 """``python -m client generate PROMPT [...]``, ``python -m client chat [QUESTION]`` and ``python -m client health``.
 
+``generate -n 3`` prints each sequence (with ``--json``: one JSON object per line, with its ``index``);
+``--logprobs`` / ``--top-logprobs K`` add each token's log-prob to ``--json`` output (and a table on stderr without
+it); ``--json-schema FILE``, ``--json-object``, ``--regex``, ``--grammar FILE`` constrain the output.
+
 ``chat QUESTION`` asks one question and streams the answer; ``chat`` alone reads one user turn per line from stdin
 and keeps the conversation's history (an interactive chat, or a script piped in). Failures (server errors,
 unreachable server, bad arguments) end with one line on stderr and exit code 1.
@@ -9,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
-from client.core import Completion, GenerationError, SamplingParams, ServerUnavailableError
+from pathlib import Path
+
+from client.core import Completion, GenerationError, Guide, SamplingParams, ServerUnavailableError, TokenLogprob
 from client.sync import LLMClient
 
 
@@ -29,6 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
     sampling.add_argument("--top-p", type=float)
     sampling.add_argument("--seed", type=int)
     sampling.add_argument("--stop", action="append", default=[], metavar="S", help="stop string (repeatable)")
+    sampling.add_argument("--repetition-penalty", type=float, metavar="P",
+                          help="> 0; 1 is off, > 1 discourages tokens already seen (TensorRT-LLM's definition)")
+    sampling.add_argument("--presence-penalty", type=float, metavar="P",
+                          help="subtracted once from the logit of every token already seen")
+    sampling.add_argument("--frequency-penalty", type=float, metavar="P",
+                          help="subtracted from a seen token's logit once per occurrence")
+    sampling.add_argument("--min-p", type=float, metavar="P",
+                          help="0..1: drop tokens less likely than P × the most likely one")
+    guide = sampling.add_mutually_exclusive_group()
+    guide.add_argument("--json-schema", type=Path, metavar="FILE", help="the output must match this JSON Schema")
+    guide.add_argument("--json-object", action="store_true", help="the output must be JSON")
+    guide.add_argument("--regex", metavar="RE", help="the output must match this regular expression")
+    guide.add_argument("--grammar", type=Path, metavar="FILE", help="the output must match this EBNF grammar "
+                                                                     "(xgrammar's dialect, start rule 'root')")
 
     generate = commands.add_parser("generate", parents=[common, sampling], help="generate text for a prompt")
     generate.add_argument("prompt")
@@ -38,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--no-exclude-input", dest="exclude_input", action="store_false",
                           help="echo the prompt in the output")
     generate.add_argument("--json", action="store_true",
-                          help="print one JSON object (with --stream: timings from the streamed request)")
+                          help="print one JSON object per sequence (with --stream: timings from the streamed request)")
+    generate.add_argument("-n", type=int, metavar="N", help="how many sequences to generate (1..8)")
+    generate.add_argument("--logprobs", action="store_true", help="each generated token's log-probability")
+    generate.add_argument("--top-logprobs", type=int, metavar="K",
+                          help="also the K most likely alternatives per token (0..20; implies --logprobs)")
 
     chat = commands.add_parser("chat", parents=[common, sampling],
                                help="ask one question (streamed), or chat with one turn per stdin line")
@@ -52,10 +77,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def guide(args: argparse.Namespace) -> Guide | None:
+    """The structured-output flag given, if any (they exclude each other); files are read here."""
+    try:
+        if args.json_schema is not None:
+            return Guide("json_schema", args.json_schema.read_text(encoding="utf-8"))
+        if args.grammar is not None:
+            return Guide("ebnf_grammar", args.grammar.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read {exc.filename}: {exc.strerror}") from None
+    if args.regex is not None:
+        return Guide("regex", args.regex)
+    return Guide("json") if args.json_object else None
+
+
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, seed=args.seed, stop=list(args.stop),
-                          exclude_input_in_output=getattr(args, "exclude_input", True))
+                          exclude_input_in_output=getattr(args, "exclude_input", True),
+                          repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty, min_p=args.min_p, n=getattr(args, "n", None),
+                          logprobs=getattr(args, "logprobs", False) or None,
+                          top_logprobs=getattr(args, "top_logprobs", None), guide=guide(args))
 
 
 def summary(completion: Completion) -> str:
@@ -73,9 +116,21 @@ def summary(completion: Completion) -> str:
     return " | ".join(parts)
 
 
+def _finite(logprob: float) -> float | None:
+    """JSON has no -Infinity (a token the sampler could not pick): null."""
+    return logprob if math.isfinite(logprob) else None
+
+
+def _token_json(token: TokenLogprob) -> dict:
+    return {"token": token.token, "bytes": list(token.bytes), "logprob": _finite(token.logprob),
+            "top_logprobs": [{"token": t.token, "bytes": list(t.bytes), "logprob": _finite(t.logprob)}
+                             for t in token.top]}
+
+
 def completion_json(completion: Completion) -> dict:
     t = completion.timings
-    return {
+    data = {
+        "index": completion.index,
         "text": completion.text,
         "finish_reason": completion.finish_reason,
         "num_input_tokens": completion.num_input_tokens,
@@ -84,24 +139,44 @@ def completion_json(completion: Completion) -> dict:
         "timings": {"ttft_s": t.ttft_s, "tpot_s": t.tpot_s, "total_s": t.total_s,
                     "decode_tokens_per_s": t.decode_tokens_per_s, "tokens_per_s": t.tokens_per_s},
     }
+    if completion.logprobs is not None:
+        data["logprobs"] = [_token_json(token) for token in completion.logprobs]
+        data["cum_log_prob"] = completion.cum_log_prob
+    return data
+
+
+def logprob_table(completion: Completion) -> str:
+    """One line per token: its log-prob, the token, then the alternatives."""
+    lines = []
+    for token in completion.logprobs or ():
+        alternatives = "  ".join(f"{t.token!r} {t.logprob:.3f}" for t in token.top)
+        lines.append(f"{token.logprob:9.4f}  {token.token!r}" + (f"  | {alternatives}" if alternatives else ""))
+    return "\n".join(lines)
 
 
 def _generate(llm: LLMClient, args: argparse.Namespace) -> int:
     params = sampling_params(args)
+    if args.stream and params.sequences > 1:
+        raise ValueError("--stream prints one sequence as it arrives: drop --stream, or -n")
     if args.stream:
         with llm.stream(args.prompt, params) as stream:
             for delta in stream:
                 if not args.json:
                     sys.stdout.write(delta)
                     sys.stdout.flush()
-            completion = stream.completion
-        assert completion is not None  # the stream was exhausted, so the final response arrived
+            completions = stream.completions
+        assert completions is not None  # the stream was exhausted, so the final response arrived
     else:
-        completion = llm.generate(args.prompt, params)
-    if args.json:
-        print(json.dumps(completion_json(completion), ensure_ascii=False))
-    else:
+        completions = llm.generate_n(args.prompt, params)
+    for completion in completions:
+        if args.json:
+            print(json.dumps(completion_json(completion), ensure_ascii=False))
+            continue
+        if len(completions) > 1:
+            print(f"--- sequence {completion.index}")
         print("" if args.stream else completion.text)  # streamed text is already out: end its line
+        if completion.logprobs is not None:
+            print(logprob_table(completion), file=sys.stderr)
         print(summary(completion), file=sys.stderr)
     return 0
 

@@ -17,8 +17,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
-from client.core import (Completion, GenerationError, Health, Message, ResponseCollector, SamplingParams,
-                         build_chat_inputs, build_inputs, is_final, stop_inputs, to_error)
+from client.core import (Chunk, Completion, GenerationError, Health, Message, ResponseCollector, SamplingParams,
+                         build_chat_inputs, build_inputs, is_final, one_sequence, stop_inputs, to_error)
 
 # After the final response the server closes the call at once; this only bounds a server that does not.
 CALL_END_TIMEOUT_S = 5.0
@@ -27,27 +27,41 @@ CALL_END_TIMEOUT_S = 5.0
 class AsyncTextStream(AsyncIterator[str]):
     """Text deltas of one streamed request. ``completion`` is set once the final response has arrived.
 
-    The request is sent when iteration starts. Closing the stream early (``aclose()``, leaving an
-    ``async with`` block) cancels the gRPC call so the server frees the request's slot.
+    Iterating gives text only, for one sequence; ``chunks()`` gives ``Chunk``s instead (see ``client.TextStream``).
+    The request is sent when iteration starts. Closing the stream early (``aclose()``, leaving an ``async with``
+    block) cancels the gRPC call so the server frees the request's slot.
     """
 
-    def __init__(self, deltas: AsyncGenerator[str, None], collector: ResponseCollector):
-        self._deltas = deltas
+    def __init__(self, chunks: AsyncGenerator[Chunk, None], collector: ResponseCollector, sequences: int):
+        self._chunks = chunks
         self._collector = collector
+        self._sequences = sequences
 
     @property
     def completion(self) -> Completion | None:
         return self._collector.completion
 
     @property
+    def completions(self) -> list[Completion] | None:
+        """One per sequence, in index order, once the final response has arrived."""
+        return self._collector.completions
+
+    def chunks(self) -> AsyncGenerator[Chunk, None]:
+        return self._chunks
+
+    @property
     def request_id(self) -> str:
         return self._collector.request_id
 
     async def __anext__(self) -> str:
-        return await self._deltas.__anext__()
+        if self._sequences > 1:
+            raise TypeError(f"this stream carries {self._sequences} sequences: iterate stream.chunks()")
+        while not (chunk := await self._chunks.__anext__()).text:
+            pass
+        return chunk.text
 
     async def aclose(self) -> None:
-        await self._deltas.aclose()
+        await self._chunks.aclose()
 
     async def __aenter__(self) -> AsyncTextStream:
         return self
@@ -74,32 +88,45 @@ class AsyncLLMClient:
         self._grpc = grpcclient_aio.InferenceServerClient(url)
 
     async def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
-        """Generate the whole completion in one response (``stream=false``)."""
-        return await self._complete(build_inputs(prompt, params or SamplingParams(), stream=False))
+        """Generate the whole completion in one response (``stream=false``); one sequence (``n`` > 1:
+        ``generate_n``)."""
+        return (await self.generate_n(prompt, one_sequence(params, "generate_n")))[0]
+
+    async def generate_n(self, prompt: str, params: SamplingParams | None = None) -> list[Completion]:
+        """``params.n`` sequences for one prompt, in index order; see ``LLMClient.generate_n``."""
+        params = params or SamplingParams()
+        return await self._complete(build_inputs(prompt, params, stream=False), params)
 
     def stream(self, prompt: str, params: SamplingParams | None = None) -> AsyncTextStream:
         """Stream text deltas: ``async for delta in client.stream(...)``; see ``AsyncTextStream``."""
-        return self._stream(build_inputs(prompt, params or SamplingParams(), stream=True))
+        params = params or SamplingParams()
+        return self._stream(build_inputs(prompt, params, stream=True), params)
 
     async def chat(self, messages: Sequence[Message], params: SamplingParams | None = None) -> Completion:
         """The assistant's next turn for a conversation, in one response; see ``LLMClient.chat``."""
-        return await self._complete(build_chat_inputs(messages, params or SamplingParams(), stream=False))
+        return (await self.chat_n(messages, one_sequence(params, "chat_n")))[0]
+
+    async def chat_n(self, messages: Sequence[Message], params: SamplingParams | None = None) -> list[Completion]:
+        """``params.n`` alternative turns for one conversation, in index order."""
+        params = params or SamplingParams()
+        return await self._complete(build_chat_inputs(messages, params, stream=False), params)
 
     def stream_chat(self, messages: Sequence[Message], params: SamplingParams | None = None) -> AsyncTextStream:
         """``chat``, streamed: ``async for delta in client.stream_chat(...)``; see ``AsyncTextStream``."""
-        return self._stream(build_chat_inputs(messages, params or SamplingParams(), stream=True))
+        params = params or SamplingParams()
+        return self._stream(build_chat_inputs(messages, params, stream=True), params)
 
-    async def _complete(self, inputs: list[grpcclient.InferInput]) -> Completion:
-        collector = ResponseCollector(uuid.uuid4().hex)
+    async def _complete(self, inputs: list[grpcclient.InferInput], params: SamplingParams) -> list[Completion]:
+        collector = ResponseCollector(uuid.uuid4().hex, params)
         async for _ in self._run(inputs, collector):
             pass
-        assert collector.completion is not None  # _run only ends normally after the final response
-        return collector.completion
+        assert collector.completions is not None  # _run only ends normally after the final response
+        return collector.completions
 
-    def _stream(self, inputs: list[grpcclient.InferInput]) -> AsyncTextStream:
+    def _stream(self, inputs: list[grpcclient.InferInput], params: SamplingParams) -> AsyncTextStream:
         """Inputs are built by the caller, so bad params fail there, not at the first ``anext``."""
-        collector = ResponseCollector(uuid.uuid4().hex)
-        return AsyncTextStream(self._run(inputs, collector), collector)
+        collector = ResponseCollector(uuid.uuid4().hex, params)
+        return AsyncTextStream(self._run(inputs, collector), collector, params.sequences)
 
     async def health(self) -> Health:
         try:
@@ -133,7 +160,7 @@ class AsyncLLMClient:
             pass
 
     async def _run(self, inputs: list[grpcclient.InferInput],
-                   collector: ResponseCollector) -> AsyncGenerator[str, None]:
+                   collector: ResponseCollector) -> AsyncGenerator[Chunk, None]:
         request = {
             "model_name": self.model,
             "inputs": inputs,
@@ -155,11 +182,11 @@ class AsyncLLMClient:
                     await _read_to_end(responses)
                     raise to_error(error, self.url)
                 finished = is_final(result)  # set before yielding: the caller may stop right after
-                delta = collector.add(result)
-                if finished:  # before the last delta reaches the caller, who may close the channel next
+                chunk = collector.add(result)
+                if finished:  # before the last chunk reaches the caller, who may close the channel next
                     await _read_to_end(responses)
-                if delta:
-                    yield delta
+                if chunk is not None:
+                    yield chunk
                 if finished:
                     return
         except grpc.RpcError as exc:  # transport failures are raised, not returned as (None, error)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import codecs
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import grpc
 import numpy as np
@@ -30,10 +32,46 @@ class ServerUnavailableError(GenerationError):
         self.url = url
 
 
+GuideType = Literal["json", "json_schema", "regex", "ebnf_grammar"]
+GUIDE_TYPES: tuple[str, ...] = GuideType.__args__
+
+
+@dataclass(frozen=True)
+class Guide:
+    """Structured output (TensorRT-LLM's guided decoding): the text must match ``guide`` of kind ``type``.
+
+    ``json``: any JSON value (no guide text); ``json_schema``: a JSON Schema (a JSON string); ``regex``; ``ebnf_grammar``
+    (xgrammar's EBNF, rule ``root``). The server compiles it before generating and refuses a bad one (INVALID_ARG).
+    """
+
+    type: GuideType
+    guide: str = ""
+
+    def __post_init__(self):
+        if self.type not in GUIDE_TYPES:
+            raise ValueError(f"guide type must be one of {', '.join(GUIDE_TYPES)}, got {self.type!r}")
+        if self.type == "json" and self.guide:
+            raise ValueError("a json guide takes no guide text (any JSON value); use json_schema for a schema")
+        if self.type != "json" and not self.guide:
+            raise ValueError(f"a {self.type} guide needs its text")
+
+    @classmethod
+    def json_schema(cls, schema: Mapping | str) -> Guide:
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+
 @dataclass
 class SamplingParams:
     """Per-request generation settings. ``None`` (or an empty word list) means "not sent": the server's
-    default applies (greedy decoding unless temperature/top_k/top_p ask for sampling)."""
+    default applies (greedy decoding unless temperature/top_k/top_p ask for sampling).
+
+    Penalties follow TensorRT-LLM: ``repetition_penalty`` > 0 (1 = off) divides positive / multiplies negative
+    logits of tokens already seen; ``presence_penalty`` is subtracted once from them, ``frequency_penalty`` once per
+    occurrence (the server counts prompt and generated tokens). ``min_p``: drop tokens below ``min_p`` × the most
+    likely one's probability. ``n``: independent sequences (``generate_n`` / ``chat_n``, or ``stream(...).chunks()``).
+    ``logprobs``: each generated token's log-probability; ``top_logprobs``: that many most likely alternatives per
+    token too (implies ``logprobs``).
+    """
 
     max_tokens: int = 64
     temperature: float | None = None
@@ -46,6 +84,22 @@ class SamplingParams:
     end_id: int | None = None
     pad_id: int | None = None
     exclude_input_in_output: bool = True
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_p: float | None = None
+    n: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    guide: Guide | None = None
+
+    @property
+    def sequences(self) -> int:
+        return 1 if self.n is None else self.n
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs) or bool(self.top_logprobs)
 
 
 @dataclass(frozen=True)
@@ -85,13 +139,47 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """One likely token: its text (bytes decoded as UTF-8, U+FFFD where a token holds part of a character), its raw
+    bytes, and its log-probability."""
+
+    token: str
+    bytes: bytes
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob(TopLogprob):
+    """A generated token and, when ``top_logprobs`` asked for them, the most likely alternatives at its step."""
+
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one streamed response adds to sequence ``index``: its text and, when asked, its tokens' log-probs (the
+    tokens whose bytes make up ``text``). ``finish_reason`` is set on the sequence's last chunk."""
+
+    index: int
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
 class Completion:
+    """One generated sequence. ``index``: which of the request's ``n`` sequences. ``logprobs`` (``None`` unless
+    asked): one entry per generated token, in order; ``cum_log_prob``: their sum as the server reports it."""
+
     text: str
     finish_reason: str  # "length" | "stop" | "cancelled"
     num_input_tokens: int
     num_output_tokens: int
     timings: Timings
     request_id: str
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    cum_log_prob: float | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +202,13 @@ _SCALARS: dict[str, tuple[str, type]] = {
     "min_tokens": ("min_tokens", np.int32),
     "end_id": ("end_id", np.int32),
     "pad_id": ("pad_id", np.int32),
+    "repetition_penalty": ("repetition_penalty", np.float32),
+    "presence_penalty": ("presence_penalty", np.float32),
+    "frequency_penalty": ("frequency_penalty", np.float32),
+    "min_p": ("min_p", np.float32),
+    "n": ("num_return_sequences", np.int32),
+    "logprobs": ("return_log_probs", np.bool_),
+    "top_logprobs": ("top_logprobs", np.int32),
 }
 _WORD_LISTS = {"stop": "stop_words", "bad_words": "bad_words"}
 
@@ -140,6 +235,13 @@ def _words_input(name: str, words: list[str]) -> grpcclient.InferInput:
 
 #: One chat message as the OpenAI chat API has it: ``{"role": "system" | "user" | "assistant", "content": str}``.
 Message = Mapping[str, str]
+
+
+def one_sequence(params: SamplingParams | None, plural: str) -> SamplingParams | None:
+    """``params`` for a call that returns one sequence; ``n`` > 1 is refused, naming the call that takes it."""
+    if params is not None and params.sequences != 1:
+        raise ValueError(f"n={params.n} asks for {params.n} sequences: call {plural}, which returns them all")
+    return params
 
 
 def messages_json(messages: Sequence[Message]) -> str:
@@ -177,6 +279,10 @@ def _request_inputs(what: grpcclient.InferInput, params: SamplingParams, stream:
         words = getattr(params, attr)
         if words:
             inputs.append(_words_input(name, list(words)))
+    if params.guide is not None:
+        inputs.append(_words_input("guided_decoding_guide_type", [params.guide.type]))
+        if params.guide.guide:
+            inputs.append(_words_input("guided_decoding_guide", [params.guide.guide]))
     return inputs
 
 
@@ -221,50 +327,114 @@ def to_error(exc: Exception, url: str) -> GenerationError:
     return GenerationError(message or str(exc))
 
 
-class ResponseCollector:
-    """Accumulates the responses of one request into text deltas and, at the final response, a Completion.
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
 
-    Text goes through an incremental UTF-8 decoder so a character split across chunks is never garbled.
+
+def _logprob(value) -> float:
+    """-inf (a token the sampler could not pick) stays -inf; JSON writers map it (OpenAI uses -9999)."""
+    value = float(value)
+    return value if not math.isnan(value) else -math.inf
+
+
+def token_logprobs(result: grpcclient.InferResult) -> tuple[TokenLogprob, ...]:
+    """The tokens one response emits with their log-probs and alternatives (empty when none were asked for)."""
+    values = result.as_numpy("output_log_probs")
+    if values is None or values.size == 0:
+        return ()
+    values = values.reshape(-1)
+    count = values.size
+    raw = result.as_numpy("output_token_bytes")
+    raw = [b""] * count if raw is None else raw.reshape(-1).tolist()
+    top_bytes, top_values = result.as_numpy("top_logprob_bytes"), result.as_numpy("top_logprob_values")
+    if top_bytes is None or top_values is None or top_values.size == 0:
+        tops = [()] * count
+    else:  # [1, n_tokens, K]: K alternatives per token, most likely first
+        top_bytes = top_bytes.reshape(count, -1).tolist()
+        top_values = top_values.reshape(count, -1)
+        tops = [tuple(TopLogprob(_decode(b), b, _logprob(v)) for b, v in zip(row_bytes, row_values))
+                for row_bytes, row_values in zip(top_bytes, top_values)]
+    return tuple(TokenLogprob(_decode(b), b, _logprob(v), top) for b, v, top in zip(raw, values, tops))
+
+
+class _SequenceState:
+    """What one of the request's sequences has received so far."""
+
+    def __init__(self):
+        # Text goes through an incremental UTF-8 decoder so a character split across chunks is never garbled.
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.parts: list[str] = []
+        self.text_times: list[float] = []
+        self.tokens: list[TokenLogprob] = []
+        self.finish_reason = ""
+        self.num_output_tokens = 0
+        self.cum_log_prob: float | None = None
+
+
+class ResponseCollector:
+    """Accumulates the responses of one request into chunks and, at the final response, one Completion per sequence.
+
+    With ``n`` > 1 the server tags each response with ``sequence_index``; the sequences' responses interleave.
     """
 
-    def __init__(self, request_id: str):
+    def __init__(self, request_id: str, params: SamplingParams | None = None):
+        params = params or SamplingParams()
         self.request_id = request_id
-        self.completion: Completion | None = None
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._parts: list[str] = []
-        self._text_times: list[float] = []
-        self._finish_reason = ""
+        self.completions: list[Completion] | None = None
+        self._logprobs = params.wants_logprobs
+        self._sequences = {i: _SequenceState() for i in range(params.sequences)}
         self._num_input_tokens = 0
-        self._num_output_tokens = 0
         self._start = 0.0
         self.sent = False
+
+    @property
+    def completion(self) -> Completion | None:
+        """The first (with ``n`` = 1 the only) sequence, once the final response has arrived."""
+        return self.completions[0] if self.completions else None
 
     def mark_sent(self) -> None:
         """Timings start here: a stream's request is sent when iteration starts, not when it is created."""
         self.sent = True
         self._start = time.perf_counter()
 
-    def add(self, result: grpcclient.InferResult) -> str:
-        """Take one response; return its text delta (possibly empty)."""
+    def add(self, result: grpcclient.InferResult) -> Chunk | None:
+        """Take one response; return what it adds to its sequence (None when it adds nothing)."""
         now = time.perf_counter()
         final = is_final(result)
-        delta = self._decoder.decode(_first(result, "text_output") or b"", final=final)
-        if delta:
-            self._parts.append(delta)
-            self._text_times.append(now)
-        reason = _first(result, "finish_reason")
-        if reason:  # empty on non-final streamed chunks
-            self._finish_reason = reason.decode("utf-8")
         num_input = _first(result, "num_input_tokens")
         if num_input is not None:
             self._num_input_tokens = int(num_input)
+        index = _first(result, "sequence_index")
+        index = 0 if index is None else int(index)
+        seq = self._sequences.setdefault(index, _SequenceState())
+        reason = _first(result, "finish_reason")
+        reason = reason.decode("utf-8") if reason else None  # empty until the sequence's last response
+        if reason:
+            seq.finish_reason = reason
+        delta = seq.decoder.decode(_first(result, "text_output") or b"", final=final or reason is not None)
+        if delta:
+            seq.parts.append(delta)
+            seq.text_times.append(now)
         num_output = _first(result, "num_output_tokens")
         if num_output is not None:
-            self._num_output_tokens = int(num_output)
+            seq.num_output_tokens = int(num_output)
+        tokens = token_logprobs(result)
+        seq.tokens += tokens
+        cum = _first(result, "cum_log_probs")
+        if cum is not None:
+            seq.cum_log_prob = float(cum)
         if final:
-            self.completion = Completion(
-                text="".join(self._parts), finish_reason=self._finish_reason,
-                num_input_tokens=self._num_input_tokens, num_output_tokens=self._num_output_tokens,
-                timings=Timings.measure(self._start, self._text_times, now, self._num_output_tokens),
-                request_id=self.request_id)
-        return delta
+            self._finish(now)
+        if delta or tokens or reason:
+            return Chunk(index=index, text=delta, logprobs=tokens, finish_reason=reason)
+        return None
+
+    def _finish(self, now: float) -> None:
+        self.completions = []
+        for index, seq in sorted(self._sequences.items()):
+            self.completions.append(Completion(
+                text="".join(seq.parts), finish_reason=seq.finish_reason,
+                num_input_tokens=self._num_input_tokens, num_output_tokens=seq.num_output_tokens,
+                timings=Timings.measure(self._start, seq.text_times, now, seq.num_output_tokens),
+                request_id=self.request_id, index=index,
+                logprobs=tuple(seq.tokens) if self._logprobs else None, cum_log_prob=seq.cum_log_prob))

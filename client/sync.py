@@ -16,8 +16,8 @@ from types import TracebackType
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from client.core import (Completion, Health, Message, ResponseCollector, SamplingParams, build_chat_inputs,
-                         build_inputs, is_final, stop_inputs, to_error)
+from client.core import (Chunk, Completion, Health, Message, ResponseCollector, SamplingParams, build_chat_inputs,
+                         build_inputs, is_final, one_sequence, stop_inputs, to_error)
 
 # How long to wait for a dead stream's callback to report why it died.
 _CALLBACK_GRACE_S = 5.0
@@ -26,27 +26,42 @@ _CALLBACK_GRACE_S = 5.0
 class TextStream(Iterator[str]):
     """Text deltas of one streamed request. ``completion`` is set once the final response has arrived.
 
-    The request is sent when iteration starts. Closing the stream early (``close()``, ``break`` out of a
-    ``with`` block, garbage collection) cancels the request so the server frees its slot.
+    Iterating gives text only, for one sequence; ``chunks()`` gives ``Chunk``s instead (text, log-probs, the
+    sequence index and its finish reason), which a request for ``n`` > 1 sequences needs: theirs interleave.
+    Use one or the other. The request is sent when iteration starts. Closing the stream early (``close()``,
+    ``break`` out of a ``with`` block, garbage collection) cancels the request so the server frees its slot.
     """
 
-    def __init__(self, deltas: Iterator[str], collector: ResponseCollector):
-        self._deltas = deltas
+    def __init__(self, chunks: Iterator[Chunk], collector: ResponseCollector, sequences: int):
+        self._chunks = chunks
         self._collector = collector
+        self._sequences = sequences
 
     @property
     def completion(self) -> Completion | None:
         return self._collector.completion
 
     @property
+    def completions(self) -> list[Completion] | None:
+        """One per sequence, in index order, once the final response has arrived."""
+        return self._collector.completions
+
+    def chunks(self) -> Iterator[Chunk]:
+        return self._chunks
+
+    @property
     def request_id(self) -> str:
         return self._collector.request_id
 
     def __next__(self) -> str:
-        return next(self._deltas)
+        if self._sequences > 1:
+            raise TypeError(f"this stream carries {self._sequences} sequences: iterate stream.chunks()")
+        while not (chunk := next(self._chunks)).text:
+            pass
+        return chunk.text
 
     def close(self) -> None:
-        self._deltas.close()
+        self._chunks.close()
 
     def __enter__(self) -> TextStream:
         return self
@@ -72,22 +87,35 @@ class LLMClient:
         self._busy = threading.Lock()
 
     def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
-        """Generate the whole completion in one response (``stream=false``)."""
-        return self._complete(build_inputs(prompt, params or SamplingParams(), stream=False))
+        """Generate the whole completion in one response (``stream=false``); one sequence (``n`` > 1:
+        ``generate_n``)."""
+        return self.generate_n(prompt, one_sequence(params, "generate_n"))[0]
+
+    def generate_n(self, prompt: str, params: SamplingParams | None = None) -> list[Completion]:
+        """``params.n`` sequences for one prompt (the prompt is prefilled once), in index order."""
+        params = params or SamplingParams()
+        return self._complete(build_inputs(prompt, params, stream=False), params)
 
     def stream(self, prompt: str, params: SamplingParams | None = None) -> TextStream:
         """Stream text deltas as the server produces them; see ``TextStream``."""
-        return self._stream(build_inputs(prompt, params or SamplingParams(), stream=True))
+        params = params or SamplingParams()
+        return self._stream(build_inputs(prompt, params, stream=True), params)
 
     def chat(self, messages: Sequence[Message], params: SamplingParams | None = None) -> Completion:
         """The assistant's next turn for a conversation (``[{"role": ..., "content": ...}, ...]``), in one
         response. The server applies the model's chat template; the turn ends at the model's end of turn
-        (finish_reason ``stop``), which is not part of the text."""
-        return self._complete(build_chat_inputs(messages, params or SamplingParams(), stream=False))
+        (finish_reason ``stop``), which is not part of the text. One sequence (``n`` > 1: ``chat_n``)."""
+        return self.chat_n(messages, one_sequence(params, "chat_n"))[0]
+
+    def chat_n(self, messages: Sequence[Message], params: SamplingParams | None = None) -> list[Completion]:
+        """``params.n`` alternative turns for one conversation, in index order."""
+        params = params or SamplingParams()
+        return self._complete(build_chat_inputs(messages, params, stream=False), params)
 
     def stream_chat(self, messages: Sequence[Message], params: SamplingParams | None = None) -> TextStream:
         """``chat``, streamed as text deltas; see ``TextStream``."""
-        return self._stream(build_chat_inputs(messages, params or SamplingParams(), stream=True))
+        params = params or SamplingParams()
+        return self._stream(build_chat_inputs(messages, params, stream=True), params)
 
     def health(self) -> Health:
         try:
@@ -106,19 +134,19 @@ class LLMClient:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def _complete(self, inputs: list[grpcclient.InferInput]) -> Completion:
-        collector = ResponseCollector(uuid.uuid4().hex)
+    def _complete(self, inputs: list[grpcclient.InferInput], params: SamplingParams) -> list[Completion]:
+        collector = ResponseCollector(uuid.uuid4().hex, params)
         for _ in self._run(inputs, collector):
             pass
-        assert collector.completion is not None  # _run only ends normally after the final response
-        return collector.completion
+        assert collector.completions is not None  # _run only ends normally after the final response
+        return collector.completions
 
-    def _stream(self, inputs: list[grpcclient.InferInput]) -> TextStream:
+    def _stream(self, inputs: list[grpcclient.InferInput], params: SamplingParams) -> TextStream:
         """Inputs are built by the caller, so bad params fail there, not at the first ``next``."""
-        collector = ResponseCollector(uuid.uuid4().hex)
-        return TextStream(self._run(inputs, collector), collector)
+        collector = ResponseCollector(uuid.uuid4().hex, params)
+        return TextStream(self._run(inputs, collector), collector, params.sequences)
 
-    def _run(self, inputs: list[grpcclient.InferInput], collector: ResponseCollector) -> Iterator[str]:
+    def _run(self, inputs: list[grpcclient.InferInput], collector: ResponseCollector) -> Iterator[Chunk]:
         if not self._busy.acquire(blocking=False):
             raise RuntimeError("LLMClient runs one request at a time; finish or close the current stream first")
         responses: queue.SimpleQueue = queue.SimpleQueue()
@@ -149,9 +177,9 @@ class LLMClient:
                     finished = error.status() is None
                     raise to_error(error, self.url)
                 finished = is_final(result)  # set before yielding: the caller may stop right after
-                delta = collector.add(result)
-                if delta:
-                    yield delta
+                chunk = collector.add(result)
+                if chunk is not None:
+                    yield chunk
         finally:
             # Anything short of a final response or a server error (caller stopped early, transport) cancels.
             self._grpc.stop_stream(cancel_requests=not finished)

@@ -12,8 +12,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, serialize_byte_tensor
 
-from client import (AsyncLLMClient, Completion, GenerationError, LLMClient, SamplingParams, ServerUnavailableError,
-                    Timings)
+from client import (AsyncLLMClient, Completion, GenerationError, Guide, LLMClient, SamplingParams,
+                    ServerUnavailableError, Timings)
 from client.__main__ import build_parser, completion_json, main, sampling_params, summary
 from client.core import ResponseCollector, build_chat_inputs, build_inputs, is_final, to_error
 
@@ -50,6 +50,29 @@ def response(text: bytes | None = b"", final: bool = False, reason: bytes = b"",
     return grpcclient.InferResult(message)
 
 
+def token_response(tokens: list[tuple[bytes, float, list[tuple[bytes, float]]]], index: int, reason: bytes = b"",
+                   final: bool = False, cum: float | None = None, n_out: int = 1) -> grpcclient.InferResult:
+    """A response of a request that asked for log-probs: ``tokens`` = (bytes, logprob, alternatives) per token, the
+    text is their bytes joined, ``index`` the sequence it belongs to (the contract's outputs and shapes)."""
+    result = response(b"".join(t for t, _, _ in tokens), final=final, reason=reason, n_out=n_out)
+    message = result.get_response()
+    k = len(tokens[0][2]) if tokens else 0
+    outputs = [("output_log_probs", "FP32", [1, len(tokens)], np.array([[v for _, v, _ in tokens]], np.float32)),
+               ("cum_log_probs", "FP32", [1, 1 if cum is not None else 0],
+                np.array([[cum] if cum is not None else []], np.float32)),
+               ("output_token_bytes", "BYTES", [1, len(tokens)], np.array([[t for t, _, _ in tokens]], object)),
+               ("top_logprob_bytes", "BYTES", [1, len(tokens), k],
+                np.array([[[b for b, _ in top] for _, _, top in tokens]], object).reshape(1, len(tokens), k)),
+               ("top_logprob_values", "FP32", [1, len(tokens), k],
+                np.array([[[v for _, v in top] for _, _, top in tokens]], np.float32).reshape(1, len(tokens), k)),
+               ("sequence_index", "INT32", [1, 1], np.array([[index]], np.int32))]
+    for name, datatype, shape, array in outputs:
+        message.outputs.add(name=name, datatype=datatype, shape=shape)
+        raw = serialize_byte_tensor(array).item() if datatype == "BYTES" and array.size else array.tobytes()
+        message.raw_output_contents.append(raw)
+    return grpcclient.InferResult(message)
+
+
 # ------------------------------------------------------------------------------------------- request tensors
 
 
@@ -79,6 +102,113 @@ def test_every_optional_input_has_the_contract_name_dtype_and_shape():
     assert sent["stop_words"][2].tolist() == [[b"\n\n", b"def"]]
     assert sent["bad_words"][2].tolist() == [[b"import"]]
     assert (sent["top_k"][2][0, 0], sent["min_tokens"][2][0, 0], sent["end_id"][2][0, 0]) == (40, 2, 2)
+
+
+def test_issue_17_inputs_have_the_contract_names_dtypes_and_shapes():
+    params = SamplingParams(repetition_penalty=1.3, presence_penalty=-0.5, frequency_penalty=2.0, min_p=0.05, n=3,
+                            logprobs=True, top_logprobs=4, guide=Guide.json_schema({"type": "object"}))
+    sent = tensors(build_inputs("x", params, stream=True))
+    new = {name: value[:2] for name, value in sent.items() if name not in ("text_input", "max_tokens", "stream",
+                                                                           "exclude_input_in_output")}
+    assert new == {"repetition_penalty": ("FP32", [1, 1]), "presence_penalty": ("FP32", [1, 1]),
+                   "frequency_penalty": ("FP32", [1, 1]), "min_p": ("FP32", [1, 1]),
+                   "num_return_sequences": ("INT32", [1, 1]), "return_log_probs": ("BOOL", [1, 1]),
+                   "top_logprobs": ("INT32", [1, 1]), "guided_decoding_guide_type": ("BYTES", [1, 1]),
+                   "guided_decoding_guide": ("BYTES", [1, 1])}
+    values = {name: sent[name][2][0, 0] for name in new}
+    assert values["repetition_penalty"] == np.float32(1.3) and values["presence_penalty"] == np.float32(-0.5)
+    assert values["frequency_penalty"] == 2.0 and values["min_p"] == np.float32(0.05)
+    assert (values["num_return_sequences"], values["return_log_probs"], values["top_logprobs"]) == (3, True, 4)
+    assert values["guided_decoding_guide_type"] == b"json_schema"
+    assert json.loads(values["guided_decoding_guide"]) == {"type": "object"}
+
+
+def test_a_json_guide_sends_only_its_type_and_guides_are_checked_before_sending():
+    sent = tensors(build_inputs("x", SamplingParams(guide=Guide("json")), stream=False))
+    assert sent["guided_decoding_guide_type"][2][0, 0] == b"json" and "guided_decoding_guide" not in sent
+    assert tensors(build_inputs("x", SamplingParams(guide=Guide("regex", "[0-9]+")), stream=False))[
+        "guided_decoding_guide"][2][0, 0] == b"[0-9]+"
+    with pytest.raises(ValueError, match="json, json_schema, regex, ebnf_grammar"):
+        Guide("yaml", "x")
+    with pytest.raises(ValueError, match="needs its text"):
+        Guide("ebnf_grammar")
+    with pytest.raises(ValueError, match="takes no guide text"):
+        Guide("json", "{}")
+
+
+def test_collector_splits_interleaved_sequences_and_keeps_each_tokens_log_probs():
+    collector = ResponseCollector("r", SamplingParams(n=2, top_logprobs=2))
+    collector.mark_sent()
+    euro = "€".encode()
+    chunks = [
+        collector.add(token_response([(b"a", -0.5, [(b"a", -0.5), (b"b", -1.5)])], index=1, cum=-0.5)),
+        collector.add(token_response([(euro[:2], -0.25, [(euro[:2], -0.25), (b"x", -2.0)]),
+                                      (euro[2:], -0.0, [(euro[2:], 0.0), (b"y", -float("inf"))])], index=0,
+                                     cum=-0.25, n_out=2)),
+        collector.add(token_response([(b"!", -1.0, [(b"?", -0.75), (b"!", -1.0)])], index=1, reason=b"length",
+                                     cum=-1.5, n_out=2)),
+        collector.add(token_response([], index=0, reason=b"stop", final=True, cum=-0.25, n_out=2)),
+    ]
+    assert [(c.index, c.text, c.finish_reason) for c in chunks] == [
+        (1, "a", None), (0, "€", None), (1, "!", "length"), (0, "", "stop")]
+    assert [[t.bytes for t in c.logprobs] for c in chunks] == [[b"a"], [euro[:2], euro[2:]], [b"!"], []]
+    first, second = collector.completions
+    assert (first.index, first.text, first.finish_reason, first.num_output_tokens) == (0, "€", "stop", 2)
+    assert (second.index, second.text, second.finish_reason) == (1, "a!", "length")
+    assert b"".join(t.bytes for t in first.logprobs) == first.text.encode()  # bytes kept: a split character
+    assert first.logprobs[0].token == "\ufffd"  # a token holding part of a character has no text of its own
+    assert [t.logprob for t in second.logprobs] == [-0.5, -1.0]
+    assert [(t.token, t.logprob) for t in second.logprobs[1].top] == [("?", -0.75), ("!", -1.0)]
+    assert first.logprobs[1].top[1].logprob == -float("inf")
+    assert (first.cum_log_prob, second.cum_log_prob) == (-0.25, -1.5)
+    assert collector.completion is first
+
+
+def test_logprobs_are_none_unless_asked_and_empty_outputs_are_no_tokens():
+    collector = ResponseCollector("r", SamplingParams())
+    collector.add(response(b"hi", final=True, reason=b"stop"))
+    assert collector.completion.logprobs is None and collector.completion.cum_log_prob is None
+    asked = ResponseCollector("r", SamplingParams(logprobs=True))
+    asked.add(token_response([(b"hi", -0.125, [])], index=0, reason=b"stop", final=True, cum=-0.125))
+    assert [(t.token, t.logprob, t.top) for t in asked.completion.logprobs] == [("hi", -0.125, ())]
+
+
+def test_n_sequences_come_from_generate_n_and_chunks_while_one_sequence_calls_refuse_n():
+    script = [(token_response([(b"A", -1.0, [])], index=1), None),
+              (token_response([(b"B", -2.0, [])], index=0, reason=b"stop"), None),
+              (token_response([], index=1, reason=b"length", final=True), None)]
+    llm, fake = fake_client(script)
+    params = SamplingParams(n=2, logprobs=True)
+    assert [(c.index, c.text, c.finish_reason) for c in llm.generate_n("p", params)] == [
+        (0, "B", "stop"), (1, "A", "length")]
+    assert fake.inputs[0]["num_return_sequences"][2][0, 0] == 2
+    with pytest.raises(ValueError, match="call generate_n"):
+        llm.generate("p", params)
+    with pytest.raises(ValueError, match="call chat_n"):
+        llm.chat(CHAT, params)
+    stream = llm.stream("p", params)
+    with pytest.raises(TypeError, match="iterate stream.chunks"):
+        next(stream)
+    assert [(c.index, c.text) for c in stream.chunks()] == [(1, "A"), (0, "B"), (1, "")]
+    assert [c.text for c in stream.completions] == ["B", "A"]
+
+
+def test_async_generate_n_and_chunks():
+    script = [(token_response([(b"A", -1.0, [])], index=1), None),
+              (token_response([(b"B", -2.0, [])], index=0, reason=b"stop", final=True), None)]
+
+    async def run():
+        llm, _ = fake_aio_client(script)
+        params = SamplingParams(n=2, logprobs=True)
+        completions = await llm.chat_n(CHAT, params)
+        stream = llm.stream("p", params)
+        chunks = [chunk async for chunk in stream.chunks()]
+        return completions, chunks
+
+    completions, chunks = asyncio.run(run())
+    assert [c.text for c in completions] == ["B", "A"]
+    assert [(c.index, c.text, [t.logprob for t in c.logprobs]) for c in chunks] == [(1, "A", [-1.0]),
+                                                                                    (0, "B", [-2.0])]
 
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Où est <|im_end|> ?"}]
@@ -153,7 +283,8 @@ def test_collector_joins_deltas_keeps_split_characters_and_reads_the_final_respo
     deltas = [collector.add(response(b"a " + euro[:1], n_out=1)),
               collector.add(response(euro[1:] + b"b", n_out=2)),
               collector.add(response(b"", final=True, reason=b"length", n_out=3))]
-    assert deltas == ["a ", "€b", ""]
+    assert [chunk.text for chunk in deltas] == ["a ", "€b", ""]
+    assert [chunk.finish_reason for chunk in deltas] == [None, None, "length"]
     completion = collector.completion
     assert completion.text == "a €b" and completion.finish_reason == "length"
     assert (completion.num_input_tokens, completion.num_output_tokens) == (3, 3)
@@ -411,6 +542,55 @@ def test_cli_unreachable_server_is_one_clean_line_and_exit_1(capsys):
             assert main(argv) == 1
             err = capsys.readouterr().err
             assert err.startswith(f"error: cannot reach Triton at {url}: ") and err.count("\n") == 1
+
+
+def test_cli_issue_17_flags(tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "required": ["a"]}')
+    args = build_parser().parse_args(["generate", "x", "-n", "3", "--logprobs", "--top-logprobs", "5",
+                                      "--repetition-penalty", "1.2", "--presence-penalty", "0.5",
+                                      "--frequency-penalty", "-0.5", "--min-p", "0.1", "--json-schema", str(schema)])
+    assert sampling_params(args) == SamplingParams(
+        max_tokens=64, n=3, logprobs=True, top_logprobs=5, repetition_penalty=1.2, presence_penalty=0.5,
+        frequency_penalty=-0.5, min_p=0.1, guide=Guide("json_schema", '{"type": "object", "required": ["a"]}'))
+    for flags, expected in ((["--json-object"], Guide("json")), (["--regex", "[a-z]+"], Guide("regex", "[a-z]+"))):
+        assert sampling_params(build_parser().parse_args(["generate", "x", *flags])).guide == expected
+    with pytest.raises(SystemExit):  # one guide at a time
+        build_parser().parse_args(["generate", "x", "--json-object", "--regex", "a"])
+    chat = build_parser().parse_args(["chat", "Hi?", "--min-p", "0.2", "--json-object"])
+    assert sampling_params(chat) == SamplingParams(max_tokens=256, min_p=0.2, guide=Guide("json"))
+
+
+def test_cli_help_lists_every_issue_17_flag(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--help"])
+    help_text = capsys.readouterr().out
+    for flag in ("--repetition-penalty", "--presence-penalty", "--frequency-penalty", "--min-p", "-n N",
+                 "--logprobs", "--top-logprobs", "--json-schema FILE", "--json-object", "--regex", "--grammar"):
+        assert flag in help_text, flag
+
+
+def test_cli_missing_schema_file_is_one_line(tmp_path, capsys):
+    assert main(["generate", "x", "--json-schema", str(tmp_path / "nope.json"), "--url", "127.0.0.1:1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot read ") and "nope.json" in err and err.count("\n") == 1
+
+
+def test_cli_n_sequences_with_logprobs_print_one_json_line_each(monkeypatch, capsys):
+    script = [(token_response([(b"A", -1.0, [(b"A", -1.0)])], index=1, reason=b"length"), None),
+              (token_response([(b"B", -float("inf"), [(b"C", -0.5)])], index=0, reason=b"stop", final=True,
+                              cum=-3.0), None)]
+    llm, fake = fake_client(script)
+    monkeypatch.setattr("client.__main__.LLMClient", lambda url, model: llm)
+    assert main(["generate", "p", "-n", "2", "--top-logprobs", "1", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(d["index"], d["text"], d["finish_reason"]) for d in lines] == [(0, "B", "stop"), (1, "A", "length")]
+    assert lines[0]["logprobs"] == [{"token": "B", "bytes": [66], "logprob": None,  # -inf: JSON has none
+                                     "top_logprobs": [{"token": "C", "bytes": [67], "logprob": -0.5}]}]
+    assert lines[0]["cum_log_prob"] == -3.0
+    assert fake.inputs[0]["top_logprobs"][2][0, 0] == 1 and fake.inputs[0]["num_return_sequences"][2][0, 0] == 2
+    assert main(["generate", "p", "-n", "2", "--stream"]) == 1
+    assert "drop --stream" in capsys.readouterr().err
 
 
 def test_cli_chat_arguments():
