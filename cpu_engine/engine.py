@@ -17,7 +17,7 @@ import torch
 from .admission import Admission
 from .kv_cache import KVCache
 from .model import Transformer
-from .sampling import Sampler
+from .sampling import LogProbTable, Sampler, TokenCounts, sample
 from .scheduler import FinishReason, GenerationRequest, Scheduler, Sequence
 from .threads import on_scratch_thread
 
@@ -27,13 +27,17 @@ CANCEL_POLL_S = 0.02  # how stale a cancellation may be before its slot is freed
 
 @dataclass
 class TokenEvent:
-    """One engine output: a new token (or None) and, on the last event of a request, why it finished."""
+    """One engine output: a new token (or None) and, on the last event of a sequence, why it finished. A request
+    with num_return_sequences = n is over when its n sequences (``sequence_index`` 0..n-1) have each ended."""
 
     request_id: str
     token_id: int | None
     finish_reason: FinishReason | None
     num_input_tokens: int
-    num_output_tokens: int
+    num_output_tokens: int  # of this sequence
+    sequence_index: int = 0
+    logprob: float | None = None  # of token_id, when the request asked (return_log_probs)
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # (token, log-prob), best first, request.top_logprobs of them
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class LLMEngine:
         # Zeroing the cache is a parallel op: off the caller's thread (threads.py).
         self.cache = on_scratch_thread(KVCache, model.args, limits.max_batch_size, limits.max_seq_len, dtype)
         self.scheduler = Scheduler(limits.max_batch_size, limits.max_num_tokens)
+        self.counts = TokenCounts(limits.max_batch_size, model.args.vocab_size)
         self.on_event = on_event
         self.token_bytes = token_bytes
         self._inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
@@ -67,6 +72,9 @@ class LLMEngine:
         return self
 
     def submit(self, request: GenerationRequest) -> None:
+        if request.num_return_sequences > self.limits.max_batch_size:  # it would wait for slots forever
+            raise ValueError(f"num_return_sequences {request.num_return_sequences} exceeds the engine's "
+                             f"max_batch_size {self.limits.max_batch_size}")
         self._admission.admit()
         stop_bytes = []
         if self.token_bytes is not None:
@@ -124,28 +132,61 @@ class LLMEngine:
             for seq in list(sched.running) + list(sched.waiting):
                 if self._cancel_all or seq.request.is_cancelled():
                     self._finish(seq, FinishReason.CANCELLED)
-        before = len(sched.running)
-        sched.admit(self.cache.allocate)
-        self._admission.left_queue(len(sched.running) - before)
+        admitted = sched.admit(lambda: self.cache.free_slots, self.cache.allocate)
+        self._admission.left_queue(len(admitted))
+        for seq in admitted:
+            self._start(seq)
         plan = sched.plan()
+        seqs, logits = [], []
         if plan.decode:
             # In slot order: when the slots form one run the model reads the KV cache as a view (model.Step).
             decode = sorted(plan.decode, key=lambda s: s.slot)
             tokens = torch.tensor([[s.output_ids[-1]] for s in decode])
             positions = torch.tensor([[s.length - 1] for s in decode])
             slots = torch.tensor([s.slot for s in decode])
-            logits = self.model(tokens, positions, slots, self.cache)
-            for seq, row in zip(decode, logits):
-                self._accept(seq, row)
+            seqs += decode
+            logits.append(self.model(tokens, positions, slots, self.cache))
         if plan.prefill:
-            self._prefill(plan.prefill)
+            ready, rows = self._prefill(plan.prefill)
+            seqs += ready
+            logits += rows
+        if seqs:
+            self._accept_batch(seqs, torch.cat(logits))
         self._kv_tokens = sum(s.prefilled + len(s.output_ids) for s in sched.running)
 
-    def _prefill(self, chunks: list[tuple[Sequence, int]]) -> None:
+    def _start(self, seq: Sequence) -> None:
+        """A sequence just got its slot(s): the penalties' prompt counts (TensorRT-LLM counts the prompt), the
+        grammar's state."""
+        req = seq.request
+        if req.sampling.penalised:
+            self.counts.start(seq.slot, req.prompt_ids)
+        if req.guide is not None:
+            seq.matcher = req.guide.matcher()
+
+    def _spawn(self, seq: Sequence) -> list[Sequence]:
+        """Once the prompt is in the cache: sequences 1..n-1 get a copy of its KV rows (and counts) in the slots
+        held for them, and start decoding from the same last-prompt logits. Returns all n."""
+        req = seq.request
+        children = [Sequence(req, index=i, slot=slot, prefilled=seq.prefilled, sampler=Sampler(req.sampling, i),
+                             stop_bytes=seq.stop_bytes) for i, slot in enumerate(seq.siblings, start=1)]
+        if children:
+            self.cache.copy_prefix(seq.slot, seq.siblings, seq.prefilled)
+            for child in children:
+                if req.sampling.penalised:
+                    self.counts.copy(seq.slot, child.slot)
+                if req.guide is not None:
+                    child.matcher = req.guide.matcher()
+            seq.siblings = []
+            self.scheduler.running.extend(children)
+        return [seq, *children]
+
+    def _prefill(self, chunks: list[tuple[Sequence, int]]) -> tuple[list[Sequence], list[torch.Tensor]]:
         """This step's prompt chunks in one [B, T] forward (16 prompts arriving together: a few forwards, not 16).
         Shorter chunks are padded at the end: the padding's keys land past the row's chunk, where none of the
         row's real queries look, and later tokens overwrite them. A row whose padding would run past the cache
-        runs on its own, unpadded."""
+        runs on its own, unpadded. Returns the sequences whose prompt is now complete (all n of each request)
+        and their logits rows."""
+        ready, rows = [], []
         width = max(n for _, n in chunks)
         fits = [(s, n) for s, n in chunks if s.prefilled + width <= self.limits.max_seq_len]
         groups = ([fits] if fits else []) + [[(s, n)] for s, n in chunks if s.prefilled + width > self.limits.max_seq_len]
@@ -159,15 +200,65 @@ class LLMEngine:
             for (seq, n), row in zip(group, logits):
                 seq.prefilled += n
                 if seq.generating:
-                    self._accept(seq, row)
+                    family = self._spawn(seq)
+                    ready += family
+                    rows.append(row.expand(len(family), -1))
+        return ready, rows
 
-    def _accept(self, seq: Sequence, logits: torch.Tensor) -> None:
+    def _accept_batch(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Choose one token for every row of ``logits`` [B, V] at once, then apply each sequence's stop rules."""
+        asked = [i for i, s in enumerate(seqs) if s.request.return_log_probs]
+        table = LogProbTable(logits, asked, [seqs[i].request.top_logprobs for i in asked]) if asked else None
+        self._mask(seqs, logits)
+        slots = [s.slot for s in seqs]
+        tokens = sample(logits, [s.sampler for s in seqs], slots, self.counts)
+        penalised = [i for i, s in enumerate(seqs) if s.request.sampling.penalised]
+        if penalised:
+            self.counts.add(torch.tensor([slots[i] for i in penalised]), tokens[penalised])
+        logprobs = table.pick(tokens) if table else None
+        where = {row: j for j, row in enumerate(asked)}
+        for i, (seq, token) in enumerate(zip(seqs, tokens.tolist())):
+            j = where.get(i)
+            if j is None:
+                self._accept(seq, token)
+            else:
+                self._accept(seq, token, logprobs.chosen[j], logprobs.top[j])
+
+    def _mask(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Bad words, the grammar, then min_tokens' ban of end_id — unless the grammar allows nothing else."""
+        rows, banned = [], []
+        for i, seq in enumerate(seqs):
+            for token in self._banned_tokens(seq):
+                rows.append(i)
+                banned.append(token)
+        guided = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        if guided:
+            from .grammar import apply_bitmask, new_bitmask  # only guided requests need it
+
+            bitmask = new_bitmask(len(guided), logits.shape[-1])
+            for j, i in enumerate(guided):
+                seqs[i].matcher.fill(bitmask, j)
+            constrained = logits[guided]
+            apply_bitmask(constrained, bitmask)
+            logits[guided] = constrained
+        for i, seq in enumerate(seqs):
+            end = seq.request.end_id
+            if end is None or len(seq.output_ids) >= seq.request.sampling.min_tokens:
+                continue
+            if seq.matcher is None or int(torch.isfinite(logits[i]).sum()) > int(torch.isfinite(logits[i, end])):
+                rows.append(i)
+                banned.append(end)
+        if rows:
+            logits[rows, banned] = float("-inf")
+
+    def _accept(self, seq: Sequence, token: int, logprob: float | None = None,
+                top: tuple[tuple[int, float], ...] = ()) -> None:
         req = seq.request
-        banned = self._banned_tokens(seq)
-        if banned:
-            logits[banned] = float("-inf")
-        token = seq.sampler(logits)
-        if req.end_id is not None and token == req.end_id:
+        ended = req.end_id is not None and token == req.end_id
+        if seq.matcher is not None and not ended:
+            # The grammar's own stop token ends it like end_id; a token it refuses cannot be continued either.
+            ended = not seq.matcher.accept(token) or seq.matcher.finished()
+        if ended:
             self._finish(seq, FinishReason.STOP)
             return
         seq.output_ids.append(token)
@@ -178,14 +269,12 @@ class LLMEngine:
             reason = FinishReason.LENGTH
         if reason is not None:
             self._release(seq)  # before the event, so whoever reads the gauges on it sees the slot free
-        self._emit(seq, token, reason)
+        self._emit(seq, token, reason, logprob, top)
 
     def _banned_tokens(self, seq: Sequence) -> list[int]:
-        req = seq.request
+        """Bad words whose prefix the sequence ends with (min_tokens' end_id ban is in _mask, below grammars)."""
         banned = []
-        if req.end_id is not None and len(seq.output_ids) < req.sampling.min_tokens:
-            banned.append(req.end_id)
-        for word in req.bad_words:
+        for word in seq.request.bad_words:
             prefix = word[:-1]
             if not prefix or self._tail(seq, len(prefix)) == prefix:
                 banned.append(word[-1])
@@ -219,6 +308,9 @@ class LLMEngine:
             self._admission.left_queue()
         self._release(seq)
         self._emit(seq, None, reason)
+        if seq.index == 0 and not seq.generating:  # cancelled before its siblings existed: they end with it
+            for i in range(1, seq.request.num_return_sequences):
+                self._emit(Sequence(seq.request, index=i), None, reason)
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
@@ -226,7 +318,12 @@ class LLMEngine:
             self._kv_tokens -= seq.prefilled + len(seq.output_ids)
             self.cache.release(seq.slot)
             seq.slot = -1
+        for slot in seq.siblings:
+            self.cache.release(slot)
+        seq.siblings = []
 
-    def _emit(self, seq: Sequence, token: int | None, reason: FinishReason | None) -> None:
+    def _emit(self, seq: Sequence, token: int | None, reason: FinishReason | None, logprob: float | None = None,
+              top: tuple[tuple[int, float], ...] = ()) -> None:
         seq.finish_reason = reason
-        self.on_event(TokenEvent(seq.request.request_id, token, reason, seq.prompt_len, len(seq.output_ids)))
+        self.on_event(TokenEvent(seq.request.request_id, token, reason, seq.prompt_len, len(seq.output_ids),
+                                 seq.index, logprob, top))

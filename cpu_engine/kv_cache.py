@@ -28,6 +28,12 @@ class KVCache:
         # Stale keys need no clearing: a slot's attention never reads past its own current position.
         self._free.append(slot)
 
+    def copy_prefix(self, src: int, dsts: list[int], length: int) -> None:
+        """Give slots ``dsts`` slot ``src``'s first ``length`` positions (a prompt prefilled once for n sequences)."""
+        for k, v in self.layers:
+            k[dsts, :length] = k[src, :length]
+            v[dsts, :length] = v[src, :length]
+
     def bytes_per_token(self) -> int:
         k, _ = self.layers[0]
         return 2 * len(self.layers) * k.shape[2] * k.shape[3] * k.element_size()

@@ -30,18 +30,33 @@ class GenerationRequest:
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
     is_cancelled: Callable[[], bool] = lambda: False
+    return_log_probs: bool = False
+    top_logprobs: int = 0  # alternatives per token (0..20), with return_log_probs
+    num_return_sequences: int = 1  # 1..8: the prompt is prefilled once, then its KV rows are copied
+    # A compiled grammar: guide.matcher() gives each sequence an object with fill(bitmask, row), accept(token)
+    # and finished() (cpu_engine/grammar.py).
+    guide: object | None = None
+
+    def __post_init__(self):
+        if not 1 <= self.num_return_sequences <= 8:
+            raise ValueError(f"num_return_sequences must be in [1, 8], got {self.num_return_sequences}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
 
 
 @dataclass
 class Sequence:
     request: GenerationRequest
+    index: int = 0  # which of the request's num_return_sequences
     slot: int = -1
+    siblings: list[int] = field(default_factory=list)  # slots held for sequences 1..n-1 until the prompt is in
     prefilled: int = 0  # prompt tokens already in the KV cache
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     sampler: Sampler | None = None
     stop_bytes: list[bytes] = field(default_factory=list)  # stop words as text bytes
     tail: bytes = b""  # last bytes of the output, for stop strings that span tokens
+    matcher: object | None = None  # the grammar's state for this sequence (request.guide)
 
     @property
     def prompt_len(self) -> int:
@@ -75,11 +90,17 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def admit(self, allocate_slot: Callable[[], int]) -> None:
-        while self.waiting and len(self.running) < self.num_slots:
+    def admit(self, free_slots: Callable[[], int], allocate_slot: Callable[[], int]) -> list[Sequence]:
+        """Oldest first, each with a slot for every one of its sequences; a request asking for more slots than
+        are free waits (and so do the ones behind it). Returns the admitted sequences."""
+        admitted = []
+        while self.waiting and free_slots() >= self.waiting[0].request.num_return_sequences:
             seq = self.waiting.popleft()
             seq.slot = allocate_slot()
+            seq.siblings = [allocate_slot() for _ in range(seq.request.num_return_sequences - 1)]
             self.running.append(seq)
+            admitted.append(seq)
+        return admitted
 
     def plan(self) -> StepPlan:
         decode = [s for s in self.running if s.generating]
