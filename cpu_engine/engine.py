@@ -63,7 +63,7 @@ class LLMEngine:
         self._admission = Admission(limits.max_queue_size)
         self._cancel_all = False  # set when a shutdown drain times out
         self._next_cancel_check = 0.0
-        self._kv_tokens = 0  # token positions held in the cache after the last step (engine thread writes)
+        self._kv_tokens = 0  # token positions held in the cache (engine thread writes)
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
 
     # ---- public API (any thread) -------------------------------------------------------------------
@@ -152,7 +152,10 @@ class LLMEngine:
             logits += rows
         if seqs:
             self._accept_batch(seqs, torch.cat(logits))
-        self._kv_tokens = sum(s.prefilled + len(s.output_ids) for s in sched.running)
+        self._count_kv()
+
+    def _count_kv(self) -> None:
+        self._kv_tokens = sum(s.prefilled + len(s.output_ids) for s in self.scheduler.running)
 
     def _start(self, seq: Sequence) -> None:
         """A sequence just got its slot(s): the penalties' prompt counts (TensorRT-LLM counts the prompt), the
@@ -315,12 +318,13 @@ class LLMEngine:
     def _release(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
         if seq.slot >= 0:
-            self._kv_tokens -= seq.prefilled + len(seq.output_ids)
             self.cache.release(seq.slot)
             seq.slot = -1
         for slot in seq.siblings:
             self.cache.release(slot)
         seq.siblings = []
+        # Counted afresh (at most max_batch_size rows), so the gauge read on this sequence's last event is exact.
+        self._count_kv()
 
     def _emit(self, seq: Sequence, token: int | None, reason: FinishReason | None, logprob: float | None = None,
               top: tuple[tuple[int, float], ...] = ()) -> None:
