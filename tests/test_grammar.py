@@ -1,0 +1,320 @@
+"""Guided decoding (cpu_engine/grammar.py): every guide type constrains generation; a schema is refused, naming the
+problem, exactly when its grammar would let a violating document through; and the issue's acceptance — 200 sampled
+generations of the real model against 10 JSON schemas all parse and validate.
+
+Oracles are independent of xgrammar: ``jsonschema`` (with its format checker) for documents, Python's ``re`` for
+regexes and for the language of the EBNF grammar, ``json`` for parsing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+import xgrammar as xgr
+
+from cpu_engine.grammar import GUIDE_TYPES, Grammars, GuideError, apply_bitmask, new_bitmask
+
+VALIDATOR = jsonschema.Draft202012Validator
+
+
+@pytest.fixture(scope="module")
+def tokenizer(real_checkpoint):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(real_checkpoint, local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def grammars(real_checkpoint):
+    vocab = json.loads((real_checkpoint / "config.json").read_text())["vocab_size"]
+    return Grammars(real_checkpoint, vocab)
+
+
+def valid(schema: dict, document) -> bool:
+    return VALIDATOR(schema, format_checker=VALIDATOR.FORMAT_CHECKER).is_valid(document)
+
+
+def accepts(grammars, tokenizer, guide_type: str, guide: str, text: str) -> bool:
+    """Whether a matcher takes ``text`` (tokenized the tokenizer's way) followed by the end token, and finishes."""
+    matcher = grammars.compile(guide_type, guide).matcher(tokenizer.eos_token_id)
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    return all(matcher.accept(t) for t in ids) and matcher.accept(tokenizer.eos_token_id) and matcher.finished()
+
+
+def greedy_under_mask(grammars, tokenizer, guide_type: str, guide: str, seed: int, steps: int = 300) -> str:
+    """Random logits each step, the highest allowed token taken: the text when the matcher finishes."""
+    generator = torch.Generator().manual_seed(seed)
+    matcher = grammars.compile(guide_type, guide).matcher(tokenizer.eos_token_id)
+    bitmask = new_bitmask(1, grammars.vocab_size)
+    ids = []
+    for _ in range(steps):
+        logits = torch.randn(1, grammars.vocab_size, generator=generator)
+        matcher.fill(bitmask, 0)
+        apply_bitmask(logits, bitmask)
+        token = int(logits.argmax())
+        assert matcher.accept(token)
+        if matcher.finished():
+            assert token == tokenizer.eos_token_id
+            return tokenizer.decode(ids)
+        ids.append(token)
+    pytest.fail(f"{guide_type} guide did not finish in {steps} tokens: {tokenizer.decode(ids)!r}")
+
+
+# ---- each guide type constrains ----
+
+BOUNDED = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog", 3, None]},
+                                            "n": {"type": "integer", "minimum": -5, "maximum": 500},
+                                            "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+                                            "name": {"type": "string", "pattern": "^[a-z]{1,6}$"}},
+           "required": ["kind", "n", "tags"]}
+PHONE = r"\(?[0-9]{3}\)? [0-9]{3}-[0-9]{4}"
+# A sum of small numbers: its language, as a Python regex, is the oracle.
+SUM_EBNF = 'root ::= term (" + " term)*\nterm ::= [1-9] [0-9]? | "(" root ")"'
+SUM_FLAT = re.compile(r"[1-9][0-9]?( \+ [1-9][0-9]?)*")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_json_schema_guide_yields_valid_json(grammars, tokenizer, seed):
+    text = greedy_under_mask(grammars, tokenizer, "json_schema", json.dumps(BOUNDED), seed)
+    assert valid(BOUNDED, json.loads(text)), text
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_regex_guide_yields_a_full_match(grammars, tokenizer, seed):
+    assert re.fullmatch(PHONE, greedy_under_mask(grammars, tokenizer, "regex", PHONE, seed))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ebnf_guide_yields_a_sentence_of_the_grammar(grammars, tokenizer, seed):
+    text = greedy_under_mask(grammars, tokenizer, "ebnf_grammar", SUM_EBNF, seed)
+    while "(" in text:  # innermost parentheses hold a flat sum
+        text, n = re.subn(r"\(([^()]*)\)", lambda m: "1" if SUM_FLAT.fullmatch(m[1]) else "x", text)
+    assert SUM_FLAT.fullmatch(text), text
+
+
+@pytest.mark.parametrize("text, ok", [('{"a": [1, {"b": null}], "c": "d"}', True), ("[true, 2.5]", True),
+                                      ('{"a": 1}', True), ("1", False), ('"s"', False), ("{'a': 1}", False),
+                                      ('{"a": 1,}', False), ('{ "a": 1}', False), ('{"a":1}', False)])
+def test_json_guide_takes_an_object_or_array_written_as_json_dumps_does(grammars, tokenizer, text, ok):
+    """TensorRT-LLM's ``json``: xgrammar's builtin JSON grammar, whose root is an object or an array; here with
+    json.dumps's separators and no other whitespace."""
+    assert accepts(grammars, tokenizer, "json", "", text) is ok
+
+
+def test_mask_allows_exactly_the_next_tokens_of_the_grammar(grammars, tokenizer):
+    """The bitmask is read independently of xgrammar: the EBNF below starts with "yes" or "no" only, so every
+    allowed token must be a non-empty prefix of one of them."""
+    matcher = grammars.compile("ebnf_grammar", 'root ::= "yes" | "no"').matcher(tokenizer.eos_token_id)
+    bitmask = new_bitmask(2, grammars.vocab_size)
+    matcher.fill(bitmask, 1)
+    logits = torch.zeros(2, grammars.vocab_size)
+    apply_bitmask(logits, bitmask)
+    assert torch.isfinite(logits[0]).all(), "row 0 was not filled: everything stays allowed"
+    allowed = torch.isfinite(logits[1]).nonzero().flatten().tolist()
+    texts = {tokenizer.decode([t]) for t in allowed}
+    assert texts and all(t and ("yes".startswith(t) or "no".startswith(t)) for t in texts), texts
+    assert {"yes", "no"} <= texts
+
+
+def test_apply_bitmask_matches_xgrammars_own_kernel(grammars):
+    """Our torch unpacking (faster on restrictive masks) against xgrammar's CPU kernel on random bits, a vocabulary
+    that is not a multiple of 32 included."""
+    generator = torch.Generator().manual_seed(0)
+    for vocab in (grammars.vocab_size, 1000):
+        bitmask = torch.randint(-2**31, 2**31 - 1, (4, (vocab + 31) // 32), dtype=torch.int32, generator=generator)
+        ours, theirs = torch.randn(2, 4, vocab, generator=generator)
+        theirs = theirs.copy_(ours)
+        apply_bitmask(ours, bitmask)
+        xgr.apply_token_bitmask_inplace(theirs, bitmask)
+        assert torch.equal(ours, theirs)
+
+
+def test_the_same_guide_compiles_once(grammars):
+    schema = json.dumps(BOUNDED)
+    assert grammars.compile("json_schema", schema) is grammars.compile("json_schema", schema)
+    assert grammars.compile("json", "") is grammars.compile("json", "anything: the guide is not used")
+    assert grammars.compile("regex", "a+") is not grammars.compile("regex", "b+")
+
+
+# ---- what is refused, in words ----
+
+@pytest.mark.parametrize("guide_type, guide, message", [
+    ("yaml", "a: 1", "guided_decoding_guide_type 'yaml' is not one of json, json_schema, regex, ebnf_grammar"),
+    ("regex", "  ", "regex: guided_decoding_guide is empty"),
+    ("json_schema", "{not json", "json_schema: not JSON: Expecting property name enclosed in double quotes"),
+    ("json_schema", '{"type": "object", "properties": {"a": {"type": 5}}}',
+     "json_schema: invalid schema at /properties/a/type: 5 is not valid under any of the given schemas"),
+    ("json_schema", '{"required": "a"}', "json_schema: invalid schema at /required: 'a' is not of type 'array'"),
+    ("json_schema", '{"type": "array", "uniqueItems": true}',
+     "json_schema: keyword 'uniqueItems' at the root is not supported: the grammar engine does not enforce it"),
+    ("json_schema", '{"properties": {"not": {"not": {"type": "string"}}}}',
+     "json_schema: keyword 'not' at /properties/not is not supported"),
+    ("json_schema", '{"if": {"type": "string"}, "then": {"minLength": 2}}', "keyword 'if' at the root"),
+    ("json_schema", '{"properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}}',
+     "keyword 'dependentRequired' at the root"),
+    ("json_schema", '{"dependentSchemas": {"a": {"required": ["b"]}}}', "keyword 'dependentSchemas'"),
+    ("json_schema", '{"allOf": [{"required": ["a"]}, {"required": ["b"]}]}',
+     "keyword 'allOf' at the root is not supported: only a single subschema is enforced"),
+    ("json_schema", '{"oneOf": [{"type": "integer"}, {"type": "number"}]}', "use anyOf"),
+    ("json_schema", '{"type": "number", "multipleOf": 0.5}', "enforced only as an integer on type 'integer'"),
+    ("json_schema", '{"items": {"type": "string", "format": "hostname"}}',
+     "keyword 'format' at /items is not supported: format 'hostname' is not enforced"),
+    ("json_schema", '{"$ref": "https://example.com/schema.json"}',
+     "only references inside the schema (#/...) are followed, not 'https://example.com/schema.json'"),
+    ("json_schema", '{"type": "array", "contains": {"type": "integer"}}', "keyword 'contains' at the root"),
+    ("json_schema", '{"type": "array", "minContains": 2}', "keyword 'minContains'"),
+    ("json_schema", '{"type": "object", "unevaluatedProperties": false}', "keyword 'unevaluatedProperties'"),
+    ("json_schema", '{"type": "integer", "minimum": 5, "maximum": 1}',
+     "json_schema: Invalid range: minimum greater than maximum"),
+    ("json_schema", '{"$ref": "#/$defs/missing"}', "json_schema: Cannot find field '$defs' in #/$defs/missing"),
+    ("regex", "(abc", "regex: Regex parsing error at position 5: The parenthesis is not closed."),
+    ("regex", "(?=a)b", "regex: Regex parsing error at position 3: Lookahead is not supported yet."),
+    ("ebnf_grammar", "root ::= foo", 'ebnf_grammar: EBNF parser error at line 1, column 10: Rule "foo" is not defined'),
+    ("ebnf_grammar", 'start ::= "a"', 'ebnf_grammar: EBNF parser error at line 1, column 1: The root rule with name "root" is not found'),
+])
+def test_refusal_names_the_problem(grammars, guide_type, guide, message):
+    with pytest.raises(GuideError) as error:
+        grammars.compile(guide_type, guide)
+    assert message in str(error.value)
+    assert "/project/cpp" not in str(error.value) and not str(error.value).startswith("[")
+
+
+# Why those keywords are refused: xgrammar itself compiles each and then takes a document that violates it (the
+# oracle: jsonschema). When one of these starts failing, xgrammar enforces that keyword now and it can be allowed.
+@pytest.mark.parametrize("schema, document", [
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1, 1]"),
+    ({"not": {"type": "string"}}, '"s"'),
+    ({"if": {"type": "string"}, "then": {"minLength": 2}, "else": {"type": "integer"}}, '"a"'),
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}}, '{"a": 1}'),
+    ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, '{"a": 1}'),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "1"),
+    ({"type": "number", "multipleOf": 0.5}, "0.3"),
+    ({"type": "string", "format": "regex"}, '"("'),
+])
+def test_xgrammar_alone_lets_a_violation_of_each_refused_keyword_through(grammars, tokenizer, schema, document):
+    assert not valid(schema, json.loads(document))
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=grammars.vocab_size)
+    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_json_schema(json.dumps(schema), any_whitespace=False,
+                                                                           strict_mode=True)
+    matcher = xgr.GrammarMatcher(compiled)
+    assert matcher.accept_string(document) and matcher.is_completed()
+    with pytest.raises(GuideError):
+        grammars.compile("json_schema", json.dumps(schema))
+
+
+# Every keyword accepted is enforced: a document the oracle calls invalid never gets through (one that is valid may
+# be refused: patterns match whole strings, numbers and enum members come out in one canonical spelling).
+ENFORCED_CASES = [
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+     ['{"a": 1}', "{}", '{"a": "1"}', '{"a": 1, "b": 2}']),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+     ['{"a": 1, "b": "x"}', '{"b": 2}']),
+    ({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "minProperties": 2, "maxProperties": 2},
+     ['{"a": 1}', '{"a": 1, "b": 2}', '{"a": 1, "b": 2, "c": 3}']),
+    ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False},
+     ['{"x": 1}', '{"x1": "s"}', '{"y": 1}']),
+    ({"type": "object", "propertyNames": {"maxLength": 2}}, ['{"ab": 1}', '{"abc": 1}']),
+    ({"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2}, ['["a"]', "[]", '["a", "b", "c"]', "[1]"]),
+    ({"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "string"}}, ['[1, "a"]', "[1, 2]"]),
+    ({"enum": ["a", 1, None, True]}, ['"a"', "1", "null", "true", '"b"', "2", "false"]),
+    ({"const": "x"}, ['"x"', '"y"']),
+    ({"anyOf": [{"type": "string", "maxLength": 1}, {"type": "integer"}]}, ['"a"', "1", '"ab"', "1.5"]),
+    ({"allOf": [{"$ref": "#/$defs/a"}], "$defs": {"a": {"type": "integer", "minimum": 3}}}, ["3", "2"]),
+    ({"$defs": {"n": {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}},
+      "$ref": "#/$defs/n"}, ['{"c": [{"c": []}]}', '{"c": [1]}']),
+    ({"type": "string", "minLength": 2, "maxLength": 3}, ['"ab"', '"a"', '"abcd"', '"éé"', '"éééé"']),
+    ({"type": "string", "pattern": "^[a-c]+$"}, ['"abc"', '"abd"']),
+    ({"type": "integer", "minimum": -3, "exclusiveMaximum": 10, "multipleOf": 3}, ["-3", "9", "10", "12", "4", "-6"]),
+    ({"type": "number", "exclusiveMinimum": 0, "maximum": 2.5}, ["0.1", "2.5", "0", "-1", "2.6"]),
+    ({"type": ["string", "null"]}, ['"s"', "null", "1"]),
+    ({"type": "string", "format": "date"}, ['"2024-02-29"', '"2024-13-01"', '"x"']),
+    ({"type": "string", "format": "email"}, ['"a@b.co"', '"ab.co"']),
+    ({"type": "string", "format": "uuid"}, ['"123e4567-e89b-12d3-a456-426614174000"', '"123e4567"']),
+    ({"type": "string", "format": "ipv4"}, ['"10.0.0.1"', '"10.0.0"', '"256.0.0.1"']),
+    ({"type": "boolean"}, ["true", "0"]),
+]
+
+
+@pytest.mark.parametrize("schema, documents", ENFORCED_CASES, ids=[json.dumps(s)[:60] for s, _ in ENFORCED_CASES])
+def test_accepted_keywords_are_enforced(grammars, tokenizer, schema, documents):
+    guide = json.dumps(schema)
+    verdicts = {d: (valid(schema, json.loads(d)), accepts(grammars, tokenizer, "json_schema", guide, d))
+                for d in documents}
+    let_through = [d for d, (ok, taken) in verdicts.items() if taken and not ok]
+    assert not let_through, f"invalid documents accepted: {let_through}"
+    assert any(taken for _, taken in verdicts.values()), f"no valid document accepted at all: {verdicts}"
+    assert not all(ok for ok, _ in verdicts.values()), "the case has no violating document"
+
+
+# ---- the acceptance: 200 sampled generations of the real model against 10 schemas ----
+
+def _obj(required: list[str] | None = None, **properties) -> dict:
+    return {"type": "object", "properties": properties, "required": list(properties) if required is None else required}
+
+
+NAME = {"type": "string", "maxLength": 20}
+SCHEMAS = [
+    _obj(name=NAME, age={"type": "integer", "minimum": 0, "maximum": 120}),
+    _obj(color={"enum": ["red", "green", "blue"]}, size={"enum": ["S", "M", "L", "XL"]}, in_stock={"type": "boolean"}),
+    _obj(scores={"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 100}, "minItems": 1,
+                 "maxItems": 4}),
+    _obj(user=_obj(id={"type": "integer", "minimum": 1, "maximum": 99999}, name=NAME), active={"type": "boolean"}),
+    _obj(price={"type": "number", "minimum": 0, "maximum": 1000}, quantity={"type": "integer", "minimum": 1,
+                                                                            "maximum": 99}),
+    _obj(items={"type": "array", "maxItems": 3,
+                "items": _obj(name={"type": "string", "maxLength": 12},
+                              qty={"type": "integer", "minimum": 1, "maximum": 9})}),
+    _obj(["title"], title={"type": "string", "maxLength": 30},
+         rating={"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5}, {"type": "null"}]}),
+    _obj(event=NAME, date={"type": "string", "format": "date"}),
+    _obj(shape={"const": "point"}, at=_obj(x={"type": "integer", "minimum": -100, "maximum": 100},
+                                           y={"type": "integer", "minimum": -100, "maximum": 100})),
+    _obj(city={"type": "string", "maxLength": 15}, zip={"type": "string", "pattern": "^[0-9]{5}$"},
+         tags={"type": "array", "items": {"enum": ["old", "big", "coastal", "cold"]}, "minItems": 1, "maxItems": 3}),
+]
+PER_SCHEMA = 20
+ROWS = 16
+MAX_NEW_TOKENS = 160
+
+
+@pytest.fixture(scope="module")
+def real_engine(real_engine_dir):
+    from cpu_engine.engine_dir import load_engine
+
+    return load_engine(real_engine_dir)
+
+
+def test_200_sampled_generations_all_parse_and_validate(real_engine, grammars, tokenizer):
+    """Temperature 0.7, a distinct seed per generation, batches of 16 rows mixing the schemas."""
+    from bench.grammar_bench import decode, prompt_ids
+    from cpu_engine.kv_cache import KVCache
+
+    jobs = [(schema, seed) for seed in range(PER_SCHEMA) for schema in SCHEMAS]
+    prompts = {json.dumps(s): prompt_ids(tokenizer, s) for s in SCHEMAS}
+    longest = max(map(len, prompts.values()))
+    cache = KVCache(real_engine.model.args, ROWS, longest + MAX_NEW_TOKENS + 1, real_engine.compute_dtype)
+    texts, failures = [], []
+    with torch.inference_mode():
+        for start in range(0, len(jobs), ROWS):
+            batch = jobs[start:start + ROWS]
+            outputs, ended = decode(real_engine.model, cache, [prompts[json.dumps(s)] for s, _ in batch],
+                                    [grammars.compile("json_schema", json.dumps(s)) for s, _ in batch],
+                                    [start + i for i in range(len(batch))], tokenizer.eos_token_id, MAX_NEW_TOKENS)
+            for (schema, _), ids, done in zip(batch, outputs, ended):
+                text = tokenizer.decode(ids)
+                texts.append(text)
+                try:
+                    document = json.loads(text)
+                except json.JSONDecodeError as error:
+                    failures.append(f"{text!r}: {error}")
+                    continue
+                if not done or not valid(schema, document):
+                    failures.append(f"{text!r}: {'cut at max tokens' if not done else 'does not validate'}")
+    assert len(texts) == 200
+    assert not failures, "\n".join(failures)
+    assert len(set(texts)) > len(SCHEMAS), "sampling with distinct seeds gave the same outputs"
