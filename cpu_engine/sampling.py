@@ -73,16 +73,24 @@ class TokenCounts:
     def add(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
         self.counts.index_put_((slots, tokens), torch.ones(len(slots), dtype=torch.int32), accumulate=True)
 
+    def seen(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(i, token, count) for every token seen in slot ``slots[i]``: one scan of the table, no [B, V] copy."""
+        index_of = torch.full((len(self.counts),), -1)
+        index_of[slots] = torch.arange(len(slots))
+        slot_ids, tokens = self.counts.nonzero(as_tuple=True)
+        rows = index_of[slot_ids]
+        keep = rows >= 0
+        rows, tokens = rows[keep], tokens[keep]
+        return rows, tokens, self.counts[slot_ids[keep], tokens]
 
-def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, repetition: torch.Tensor, presence: torch.Tensor,
-                    frequency: torch.Tensor) -> None:
-    """In place on temperature-scaled logits [B, V]; counts [B, V]; the penalties [B]. Only the (row, token) pairs
-    seen at least once are touched (a prompt + output's worth, not B × V)."""
-    rows, tokens = counts.nonzero(as_tuple=True)
+
+def apply_penalties(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor,
+                    repetition: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor) -> None:
+    """In place on temperature-scaled logits [B, V], at the seen (row, token) pairs only (their counts > 0);
+    the penalties are [B]."""
     x = logits[rows, tokens]
     rp = repetition[rows]
-    x = torch.where(x < 0, x * rp, x / rp) - presence[rows] - frequency[rows] * counts[rows, tokens]
-    logits[rows, tokens] = x
+    logits[rows, tokens] = torch.where(x < 0, x * rp, x / rp) - presence[rows] - frequency[rows] * counts
 
 
 def filtered_probs(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
@@ -130,14 +138,11 @@ def sample(logits: torch.Tensor, samplers: list[Sampler], slots: list[int], coun
         logits.div_(temperature[:, None])
     penalised = [i for i, p in enumerate(params) if p.penalised]
     if penalised:
-        every = len(penalised) == len(params)
-        rows = logits if every else logits[penalised]
-        apply_penalties(rows, counts.counts[[slots[i] for i in penalised]],
-                        torch.tensor([params[i].repetition_penalty for i in penalised]),
-                        torch.tensor([params[i].presence_penalty for i in penalised]),
-                        torch.tensor([params[i].frequency_penalty for i in penalised]))
-        if not every:
-            logits[penalised] = rows
+        rows, tokens, seen = counts.seen([slots[i] for i in penalised])
+        apply_penalties(logits, torch.tensor(penalised)[rows], tokens, seen,
+                        torch.tensor([p.repetition_penalty for p in params]),
+                        torch.tensor([p.presence_penalty for p in params]),
+                        torch.tensor([p.frequency_penalty for p in params]))
     tokens = torch.argmax(logits, dim=-1)
     drawn = [i for i, p in enumerate(params) if not p.greedy]
     if drawn:

@@ -82,7 +82,9 @@ def test_penalties_match_the_tensorrt_llm_kernel_row_by_row():
     rp, presence, frequency = [1.3, 0.7, 1.0, 2.0], [0.0, 0.5, -0.4, 1.5], [0.2, 0.0, 0.3, -0.1]
     temperature = [1.0, 0.5, 2.0, 1.0]
     scaled = logits / torch.tensor(temperature)[:, None]
-    apply_penalties(scaled, counts, torch.tensor(rp), torch.tensor(presence), torch.tensor(frequency))
+    rows, tokens = counts.nonzero(as_tuple=True)
+    apply_penalties(scaled, rows, tokens, counts[rows, tokens], torch.tensor(rp), torch.tensor(presence),
+                    torch.tensor(frequency))
     for b in range(4):
         expected = reference_penalised(logits[b].tolist(), counts[b].tolist(), temperature[b], rp[b], presence[b],
                                        frequency[b])
