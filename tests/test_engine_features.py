@@ -122,9 +122,10 @@ def reference_probs(logits, temperature, top_k, top_p, min_p):
 
 
 def test_top_k_min_p_top_p_match_their_definitions():
-    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(1)) * 2
+    # The last two: a flat distribution whose nucleus is nearly all of it, a peaked one whose nucleus is 1 token.
     settings = [(1.0, 0, 1.0, 0.0), (0.7, 10, 1.0, 0.1), (1.3, 0, 0.8, 0.05), (1.0, 5, 0.5, 0.0),
-                (0.5, 0, 1.0, 0.3)]
+                (0.5, 0, 1.0, 0.3), (50.0, 0, 0.999, 0.0), (0.05, 0, 0.9, 0.0)]
+    logits = torch.randn(len(settings), 40, generator=torch.Generator().manual_seed(1)) * 2
     temperature, top_k, top_p, min_p = (torch.tensor(col) for col in zip(*settings))
     probs = filtered_probs(logits / temperature[:, None], top_k, top_p, min_p)
     for b, (t, k, p, m) in enumerate(settings):
