@@ -151,7 +151,9 @@ class LLMEngine:
             seqs += ready
             logits += rows
         if seqs:
-            self._accept_batch(seqs, torch.cat(logits))
+            # Changed in place: a decode-only step's logits are used as they are; prefill rows (a request's last
+            # prompt row, expanded to its n sequences) become rows of their own.
+            self._accept_batch(seqs, torch.cat(logits) if plan.prefill else logits[0])
         self._count_kv()
 
     def _count_kv(self) -> None:
