@@ -32,7 +32,8 @@ class GenerationRequest:
     is_cancelled: Callable[[], bool] = lambda: False
     return_log_probs: bool = False
     top_logprobs: int = 0  # alternatives per token (0..20), with return_log_probs
-    num_return_sequences: int = 1  # 1..8: the prompt is prefilled once, then its KV rows are copied
+    # 1..8: the prompt is prefilled once, then its KV rows are copied; sequence i samples with seed + i.
+    num_return_sequences: int = 1
     # A compiled grammar: guide.matcher() gives each sequence an object with fill(bitmask, row), accept(token)
     # and finished() (cpu_engine/grammar.py).
     guide: object | None = None
