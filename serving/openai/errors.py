@@ -109,15 +109,25 @@ def from_triton(exc: Exception, prompt_param: str) -> OpenAIError:
     if SHUTTING_DOWN in message or "accepts no new requests" in message:
         return unavailable(f"The server is shutting down: {message}", "draining")
     if isinstance(exc, GenerationError) and _is_request_error(message):
-        return bad_request(message)
+        return bad_request(message, param=_named_param(message), code="invalid_value")
     return OpenAIError(500, f"The model server failed the request: {message}", code="engine_error")
 
 
 # The beginnings of preprocessing's INVALID_ARG messages that the front door's own validation does not already
-# catch first (serving/chat.py, serving/request_params.py): a client's mistake, so 400.
+# catch first (serving/chat.py, serving/request_params.py): a client's mistake, so 400. The engine's refusals of a
+# guide it cannot compile, and the GPU layout's of what tensorrt_llm lacks (min_p, top_logprobs), name their input.
 _REQUEST_ERROR_MARKS = ("messages", "conversation", "text_input", "max_tokens", "min_tokens", "temperature", "top_p",
-                        "top_k", "seed", "stop", "must be", "is not valid")
+                        "top_k", "seed", "stop", "must be", "is not valid", "penalty", "min_p", "top_logprobs",
+                        "return_log_probs", "num_return_sequences", "guided_decoding", "schema", "regex", "grammar")
+# The contract's input names in those messages → the OpenAI parameter the client sent.
+_PARAMS = (("guided_decoding", "response_format"), ("schema", "response_format"), ("top_logprobs", "top_logprobs"),
+           ("min_p", "min_p"), ("num_return_sequences", "n"), ("repetition_penalty", "repetition_penalty"),
+           ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty"))
 
 
 def _is_request_error(message: str) -> bool:
     return any(mark in message for mark in _REQUEST_ERROR_MARKS)
+
+
+def _named_param(message: str) -> str | None:
+    return next((param for mark, param in _PARAMS if mark in message), None)

@@ -2,13 +2,15 @@
 
 Requests are ``extra="forbid"`` and ``strict``: an unknown field or a value of the wrong type is a 400 naming it,
 never silently dropped or coerced. Parameters OpenAI has but the engine cannot honour are declared so they can be
-refused by name; only their "off" value (``logprobs: false``, ``frequency_penalty: 0``, ``n: 1``…) is accepted,
-since that asks for nothing. Responses carry every field the official SDK reads.
+refused by name; only their "off" value (``logit_bias: {}``, ``tool_choice: "none"``…) is accepted, since that asks
+for nothing. ``repetition_penalty`` and ``min_p`` are accepted as extra body parameters, as vLLM does. Responses carry
+every field the official SDK reads.
 """
 
 from __future__ import annotations
 
 import time
+import math
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
@@ -18,20 +20,21 @@ from serving.openai.errors import bad_request
 # A seed is an int64 in OpenAI's schema; the engine's is a uint64 (negative seeds wrap, two's complement).
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_STOP = 4
+MAX_CHOICES = 8  # n: the engine's num_return_sequences limit
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, OpenAI's limit
+MAX_COMPLETION_LOGPROBS = 5  # legacy completions' logprobs, OpenAI's limit
+VERY_UNLIKELY = -9999.0  # OpenAI's log-prob for a token that could not be picked (JSON has no -Infinity)
 
 # Parameters the engine cannot honour, with the only values that ask for nothing (accepted: ignoring them ignores no
 # request). Anything else is refused with a 400 naming the parameter.
 _CHAT_OFF: dict[str, tuple] = {
-    "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
-    "logprobs": (None, False), "top_logprobs": (None,), "response_format": (None, {"type": "text"}),
-    "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None,), "functions": (None, []),
+    "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None,), "functions": (None, []),
     "function_call": (None, "none"), "store": (None, False), "metadata": (None, {}), "service_tier": (None, "auto"),
     "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
     "web_search_options": (None,), "verbosity": (None,), "prompt_cache_key": (None,), "safety_identifier": (None,),
 }
 _COMPLETION_OFF: dict[str, tuple] = {
-    "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
-    "logprobs": (None,), "best_of": (None, 1), "echo": (None, False), "suffix": (None,),
+    "logit_bias": (None, {}), "best_of": (None, 1), "echo": (None, False), "suffix": (None,),
 }
 
 
@@ -74,6 +77,12 @@ class _Sampling(_Request):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = 1
+    # OpenAI's range; they map onto TensorRT-LLM's same-named penalties (docs/openai.md: what differs).
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    # Extra body parameters (vLLM's): TensorRT-LLM's repetition penalty (> 0, 1 is off) and min_p.
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
+    min_p: float | None = Field(None, ge=0, le=1)
     user: str | None = None  # accepted and ignored: it identifies the end user to OpenAI, asks nothing of the engine
     refused: ClassVar[dict[str, tuple]] = {}  # per endpoint: what the engine cannot honour, and its "off" values
 
@@ -95,8 +104,8 @@ class _Sampling(_Request):
     @field_validator("n")
     @classmethod
     def _n(cls, n):
-        if n not in (None, 1):
-            raise ValueError(f"'n' must be 1 on this server (one choice per request), got {n}")
+        if n is not None and not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"'n' must be between 1 and {MAX_CHOICES} (choices per request), got {n}")
         return n
 
     @model_validator(mode="after")
@@ -112,6 +121,10 @@ class _Sampling(_Request):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def choices(self) -> int:
+        return 1 if self.n is None else self.n
 
 
 class TextPart(_Request):
@@ -130,16 +143,50 @@ class ChatMessage(_Request):
         return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
+class JSONSchemaFormat(_Request):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict = Field(alias="schema")  # required here: without a schema there is nothing to enforce
+    # Accepted either way: the schema is always enforced (docs/openai.md).
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise bad_request("'response_format.json_schema' is required with type 'json_schema' and allowed only "
+                              "with it", param="response_format.json_schema")
+        return self
+
+
 class ChatCompletionRequest(_Sampling):
     refused: ClassVar[dict[str, tuple]] = _CHAT_OFF
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _max_tokens(self):
         if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
             raise bad_request("'max_tokens' and 'max_completion_tokens' differ: send one of them", param="max_tokens")
         return self
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise bad_request("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
+        return self
+
+    @property
+    def alternatives(self) -> int | None:
+        """How many alternatives per token to return, when log-probs are asked for."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -149,6 +196,8 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     refused: ClassVar[dict[str, tuple]] = _COMPLETION_OFF
     prompt: str | list[str]
+    # The legacy endpoint's logprobs: how many alternatives per token (0: only the chosen token's log-prob).
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
 
     @field_validator("prompt")
     @classmethod
@@ -168,10 +217,18 @@ class CompletionRequest(_Sampling):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    @property
+    def alternatives(self) -> int | None:
+        return self.logprobs
+
 
 # ------------------------------------------------------------------------------------------------- responses
 
 FinishReason = Literal["stop", "length"]
+
+
+def json_logprob(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else VERY_UNLIKELY
 
 
 class _Response(BaseModel):
@@ -195,10 +252,35 @@ class AssistantMessage(_Response):
     refusal: None = None
 
 
+class TopLogprob(_Response):
+    token: str
+    bytes: list[int]  # the token's UTF-8 bytes: a character split across tokens is whole only when joined
+    logprob: float
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(_Response):
+    content: list[ChatTokenLogprob]
+    refusal: None = None
+
+
+class CompletionLogprobs(_Response):
+    """The legacy format: per token its text, log-prob, the alternatives as {token: log-prob} (the chosen token
+    included), and where its text starts in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class ChatChoice(_Response):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: FinishReason
 
 
@@ -225,7 +307,7 @@ class Delta(_Response):
 class ChatChunkChoice(_Response):
     index: int = 0
     delta: Delta
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -242,7 +324,7 @@ class ChatCompletionChunk(_Response):
 class CompletionChoice(_Response):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None
 
 

@@ -22,15 +22,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from client import SamplingParams
+from client import Completion, Guide, SamplingParams, TokenLogprob
 from serving.openai.backend import COMPLETIONS_DEFAULT_MAX_TOKENS, Backend, ModelInfo
 from serving.openai.errors import OpenAIError, bad_request, context_length_exceeded, from_triton, from_validation, \
     unavailable
 from serving.openai.metrics import FrontDoorMetrics
 from serving.openai.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
-                                     ChatCompletionChunk, ChatCompletionRequest, CompletionChoice, CompletionRequest,
-                                     Delta, ModelCard, ModelList, TextCompletion, Usage)
-from serving.openai.streaming import ClientGone, Generation, StopTrimmer, Tasks, unless_disconnected
+                                     ChatCompletionChunk, ChatCompletionRequest, ChatTokenLogprob, ChoiceLogprobs,
+                                     CompletionChoice, CompletionLogprobs, CompletionRequest, Delta, ModelCard,
+                                     ModelList, TextCompletion, TopLogprob, Usage, json_logprob)
+from serving.openai.streaming import ChoiceText, ClientGone, Generation, Tasks, unless_disconnected
 
 OPEN_PATHS = frozenset({"/health", "/health/live"})  # no API key: probes
 UNCOUNTED_PATHS = OPEN_PATHS | {"/metrics"}  # still answered while draining, not waited for
@@ -173,12 +174,27 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest, info: ModelInfo,
         raise context_length_exceeded(f"This model's maximum context length is {info.max_seq_len} tokens: "
                                       f"{param}={max_tokens} leaves no room for a prompt", param)
     seed = None if req.seed is None else req.seed % 2**64  # OpenAI's int64 seed as the engine's uint64
-    return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=seed,
-                          stop=req.stop_words)
+    alternatives = req.alternatives
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=seed, stop=req.stop_words,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty, min_p=req.min_p, n=None if req.choices == 1 else req.choices,
+        logprobs=None if alternatives is None else True, top_logprobs=alternatives or None,
+        guide=_guide(req))
 
 
-def _finish_reason(engine_reason: str, trimmer: StopTrimmer) -> str:
-    if trimmer.stopped:
+def _guide(req: ChatCompletionRequest | CompletionRequest) -> Guide | None:
+    """response_format (chat only, as OpenAI has it) as TensorRT-LLM's guided decoding."""
+    response_format = getattr(req, "response_format", None)
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return Guide("json")
+    return Guide.json_schema(response_format.json_schema.schema_)
+
+
+def _finish_reason(engine_reason: str, stopped: bool) -> str:
+    if stopped:
         return "stop"
     if engine_reason in ("stop", "length"):
         return engine_reason
@@ -191,6 +207,34 @@ def _sse(obj: BaseModel | dict) -> str:
     return f"data: {data}\n\n"
 
 
+def _usage(completions: list[Completion]) -> Usage:
+    """The prompt is counted once; every choice's tokens are completion tokens (OpenAI's usage with n > 1)."""
+    return Usage.of(completions[0].num_input_tokens, sum(c.num_output_tokens for c in completions))
+
+
+def _top(token: TokenLogprob) -> TopLogprob:
+    return TopLogprob(token=token.token, bytes=list(token.bytes), logprob=json_logprob(token.logprob))
+
+
+def _chat_logprobs(tokens: list[tuple[int, TokenLogprob]]) -> ChoiceLogprobs:
+    return ChoiceLogprobs(content=[ChatTokenLogprob(**_top(token).model_dump(),
+                                                    top_logprobs=[_top(t) for t in token.top])
+                                   for _, token in tokens])
+
+
+def _completion_logprobs(tokens: list[tuple[int, TokenLogprob]]) -> CompletionLogprobs:
+    """The legacy shape; each alternatives dict also holds the chosen token, as OpenAI's does (an alternative that
+    reads the same, e.g. another part of a split character, gives way to it)."""
+    tops = []
+    for _, token in tokens:
+        top = {t.token: json_logprob(t.logprob) for t in token.top}
+        top[token.token] = json_logprob(token.logprob)
+        tops.append(top)
+    return CompletionLogprobs(tokens=[token.token for _, token in tokens],
+                              token_logprobs=[json_logprob(token.logprob) for _, token in tokens],
+                              top_logprobs=tops, text_offset=[offset for offset, _ in tokens])
+
+
 class _Kind:
     """What differs between chat and completions: the request type, ids, and the shape of a choice."""
 
@@ -198,6 +242,11 @@ class _Kind:
         self.chat = chat
         self.prompt_param = "messages" if chat else "prompt"
         self.id_prefix = "chatcmpl-" if chat else "cmpl-"
+
+    def logprobs(self, tokens: list[tuple[int, TokenLogprob]], asked: bool):
+        if not asked:
+            return None
+        return _chat_logprobs(tokens) if self.chat else _completion_logprobs(tokens)
 
 
 CHAT, COMPLETIONS = _Kind(True), _Kind(False)
@@ -287,73 +336,100 @@ def create_app(front: FrontDoor) -> FastAPI:
         client = front.backend.client
         request_id = kind.id_prefix + uuid.uuid4().hex
         created = int(time.time())
-        trimmer = StopTrimmer(params.stop)
         if not req.stream:
-            work = front.tasks.start(client.chat(prompt, params) if kind.chat else client.generate(prompt, params))
+            work = front.tasks.start(client.chat_n(prompt, params) if kind.chat else client.generate_n(prompt, params))
             try:
-                completion = await unless_disconnected(work, request.receive)
+                completions = await unless_disconnected(work, request.receive)
             except ClientGone:
                 return Response(status_code=499)  # nobody reads it; the Triton request is cancelled
             except Exception as exc:  # noqa: BLE001 - every Triton failure gets its status
                 raise from_triton(exc, kind.prompt_param) from None
-            text = trimmer.trim(completion.text)
-            usage = Usage.of(completion.num_input_tokens, completion.num_output_tokens)
+            usage = _usage(completions)
             _count_tokens(usage)
-            reason = _finish_reason(completion.finish_reason, trimmer)
-            if kind.chat:
-                body = ChatCompletion(id=request_id, created=created, model=info.id, usage=usage, choices=[
-                    ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)])
-            else:
-                body = TextCompletion(id=request_id, created=created, model=info.id, usage=usage, choices=[
-                    CompletionChoice(text=text, finish_reason=reason)])
+            choices = []
+            for completion in completions:
+                choice = ChoiceText(params.stop)  # the same cut as a stream's, so both give the same choice
+                text, tokens = choice.feed(completion.text, completion.logprobs or ())
+                tail, more = choice.finish()
+                reason = _finish_reason(completion.finish_reason, choice.stopped)
+                logprobs = kind.logprobs(tokens + more, params.wants_logprobs)
+                if kind.chat:
+                    choices.append(ChatChoice(index=completion.index, message=AssistantMessage(content=text + tail),
+                                              logprobs=logprobs, finish_reason=reason))
+                else:
+                    choices.append(CompletionChoice(index=completion.index, text=text + tail, logprobs=logprobs,
+                                                    finish_reason=reason))
+            body = (ChatCompletion if kind.chat else TextCompletion)(id=request_id, created=created, model=info.id,
+                                                                     usage=usage, choices=choices)
             return Response(body.model_dump_json(), media_type="application/json")
 
         stream = client.stream_chat(prompt, params) if kind.chat else client.stream(prompt, params)
         generation = Generation(stream, front.tasks)
         first = asyncio.ensure_future(generation.next())
         try:
-            first_delta = await unless_disconnected(first, request.receive)
+            first_chunk = await unless_disconnected(first, request.receive)
         except ClientGone:
             generation.abandon()
             return Response(status_code=499)
         except Exception as exc:  # noqa: BLE001 - an error before the first token keeps its HTTP status
             generation.abandon()
             raise from_triton(exc, kind.prompt_param) from None
-        return StreamingResponse(_events(kind, req, info, request_id, created, generation, first_delta, trimmer),
+        return StreamingResponse(_events(kind, req, info, request_id, created, generation, first_chunk, params),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
 
-    def _chunk(kind: _Kind, request_id: str, created: int, info: ModelInfo, text: str | None = None,
-               role: bool = False, finish: str | None = None, usage: Usage | None = None, no_choice: bool = False):
+    def _chunk(kind: _Kind, request_id: str, created: int, info: ModelInfo, index: int = 0, text: str | None = None,
+               role: bool = False, finish: str | None = None, logprobs=None, usage: Usage | None = None,
+               no_choice: bool = False):
         if kind.chat:
-            choices = [] if no_choice else [ChatChunkChoice(delta=Delta(role="assistant" if role else None,
-                                                                        content=text), finish_reason=finish)]
+            choices = [] if no_choice else [ChatChunkChoice(
+                index=index, delta=Delta(role="assistant" if role else None, content=text), logprobs=logprobs,
+                finish_reason=finish)]
             return ChatCompletionChunk(id=request_id, created=created, model=info.id, choices=choices, usage=usage)
-        choices = [] if no_choice else [CompletionChoice(text=text or "", finish_reason=finish)]
+        choices = [] if no_choice else [CompletionChoice(index=index, text=text or "", logprobs=logprobs,
+                                                         finish_reason=finish)]
         return TextCompletion(id=request_id, created=created, model=info.id, choices=choices, usage=usage)
 
     async def _events(kind: _Kind, req, info: ModelInfo, request_id: str, created: int, generation: Generation,
-                      first_delta: str | None, trimmer: StopTrimmer) -> AsyncIterator[str]:
+                      first_chunk, params: SamplingParams) -> AsyncIterator[str]:
         def chunk(**fields) -> str:
             return _sse(_chunk(kind, request_id, created, info, **fields))
 
-        # Chat's role chunk goes out in the same write as the first content: two back-to-back writes cost the
+        choices = [ChoiceText(params.stop) for _ in range(req.choices)]
+        asked = params.wants_logprobs
+
+        def content(index: int, text: str, tokens) -> str:
+            """A chunk of text and/or log-probs; nothing when there is neither (held back for a stop string)."""
+            if not text and not tokens:
+                return ""
+            return chunk(index=index, text=text, logprobs=kind.logprobs(tokens, asked))
+
+        def finish(index: int, engine_reason: str) -> str:
+            choice = choices[index]
+            text, tokens = choice.finish()
+            reason = _finish_reason(engine_reason, choice.stopped)
+            return content(index, text, tokens) + chunk(index=index, text=None if kind.chat else "", finish=reason)
+
+        # Chat's role chunks go out in the same write as the first content: two back-to-back writes cost the
         # client a few ms of TTFT (measured in docs/benchmarks/serving.md).
-        pending = chunk(text="", role=True) if kind.chat else ""
+        pending = "".join(chunk(index=i, text="", role=True) for i in range(req.choices)) if kind.chat else ""
         try:
-            delta = first_delta
-            while delta is not None:
-                if text := trimmer.feed(delta):
-                    yield pending + chunk(text=text)
+            item = first_chunk
+            while item is not None:
+                choice = choices[item.index]
+                out = content(item.index, *choice.feed(item.text, item.logprobs))
+                if item.finish_reason and not choice.finished:
+                    out += finish(item.index, item.finish_reason)
+                if out:
+                    yield pending + out
                     pending = ""
-                delta = await generation.next()
+                item = await generation.next()
             if pending:
                 yield pending
-            if text := trimmer.flush():
-                yield chunk(text=text)
-            completion = generation.completion
-            reason = _finish_reason(completion.finish_reason, trimmer)
-            yield chunk(text=None if kind.chat else "", finish=reason)
-            usage = Usage.of(completion.num_input_tokens, completion.num_output_tokens)
+            completions = generation.completions
+            for completion in completions:  # a choice whose end came without its own finish reason
+                if not choices[completion.index].finished:
+                    yield finish(completion.index, completion.finish_reason)
+            usage = _usage(completions)
             _count_tokens(usage)
             if req.include_usage:
                 yield chunk(usage=usage, no_choice=True)

@@ -10,10 +10,12 @@ end — an abandoned call stalls Triton 2.51's shutdown, docs/reliability.md B5)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import codecs
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from client import AsyncTextStream, Completion
+from client import AsyncTextStream, Chunk, Completion, TokenLogprob
 
 T = TypeVar("T")
 _END = object()
@@ -39,7 +41,7 @@ class Tasks:
 
 
 class Generation:
-    """One streamed request: text deltas pumped from the gRPC stream into a queue by a task of its own."""
+    """One streamed request: its chunks pumped from the gRPC stream into a queue by a task of its own."""
 
     def __init__(self, stream: AsyncTextStream, tasks: Tasks):
         self.stream = stream
@@ -48,14 +50,14 @@ class Generation:
 
     async def _pump(self) -> None:
         try:
-            async for delta in self.stream:
-                self._queue.put_nowait(delta)
+            async for chunk in self.stream.chunks():
+                self._queue.put_nowait(chunk)
             self._queue.put_nowait(_END)
         except Exception as exc:  # noqa: BLE001 - handed to the reader, who turns it into an HTTP error
             self._queue.put_nowait(exc)
 
-    async def next(self) -> str | None:
-        """The next text delta; None at the end; raises the request's error."""
+    async def next(self) -> Chunk | None:
+        """The next chunk (of any of the request's sequences); None at the end; raises the request's error."""
         item = await self._queue.get()
         if item is _END:
             self._queue.put_nowait(_END)  # idempotent end
@@ -64,13 +66,9 @@ class Generation:
             raise item
         return item
 
-    async def deltas(self) -> AsyncIterator[str]:
-        while (delta := await self.next()) is not None:
-            yield delta
-
     @property
-    def completion(self) -> Completion | None:
-        return self.stream.completion
+    def completions(self) -> list[Completion] | None:
+        return self.stream.completions
 
     def abandon(self) -> None:
         """The HTTP client has gone: cancel the Triton request (the pump task cleans up on its own)."""
@@ -149,3 +147,54 @@ class StopTrimmer:
                     longest = k
                     break
         return longest
+
+
+class ChoiceText:
+    """One choice's text and token log-probs as OpenAI returns them: the text cut before the first stop string
+    (``StopTrimmer``), and each token's log-prob sent with the text chunk that carries the token's last character.
+    When a stop string cuts the text, the tokens that began before the cut are kept and the rest dropped. Streamed
+    chunks and the whole text (one ``feed``) give the same tokens, so streamed log-probs equal non-streamed ones.
+
+    A token's characters are counted with an incremental UTF-8 decoder over the token bytes, the way the client
+    decodes the text, so a token that holds part of a character goes out with the chunk that completes it.
+    """
+
+    def __init__(self, stops: list[str]):
+        self.trimmer = StopTrimmer(stops)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoded = 0  # characters in the tokens' text so far
+        self._sent = 0  # characters handed out
+        self._pending: deque[tuple[int, int, TokenLogprob]] = deque()  # (start, end, token)
+        self.finished = False
+
+    @property
+    def stopped(self) -> bool:
+        return self.trimmer.stopped
+
+    def feed(self, text: str, tokens: Sequence[TokenLogprob] = ()) -> tuple[str, list[tuple[int, TokenLogprob]]]:
+        """Text that can be sent now, and the (character offset, token) pairs that go with it."""
+        for token in tokens:
+            start = self._decoded
+            self._decoded += len(self._decoder.decode(token.bytes))
+            open_character = 1 if self._decoder.getstate()[0] else 0
+            self._pending.append((start, self._decoded + open_character, token))
+        out = self.trimmer.feed(text)
+        self._sent += len(out)
+        return out, self._release()
+
+    def finish(self) -> tuple[str, list[tuple[int, TokenLogprob]]]:
+        """The rest of the text and its tokens, at the end of the choice."""
+        out = self.trimmer.flush()
+        self._sent += len(out)
+        self.finished = True
+        return out, self._release()
+
+    def _release(self) -> list[tuple[int, TokenLogprob]]:
+        done = []
+        while self._pending and (self._pending[0][1] <= self._sent or self.finished and not self.stopped
+                                 or self.stopped and self._pending[0][0] < self._sent):
+            start, _, token = self._pending.popleft()
+            done.append((start, token))
+        if self.stopped:
+            self._pending.clear()  # wholly after the stop string's cut
+        return done
