@@ -33,6 +33,15 @@ def _t(name, dtype, dims=(1,), optional=False):
 # checks an ensemble request's *number* of inputs against the number required, not their names: with max_tokens the
 # only required input, {"text_input": ...} alone passed the check and the ensemble ended without any response
 # (HTTP 200 with an error about the response count; tests/test_chat.py checks the message both protocols get).
+# Issue 17's controls (serving/request_params.py CONTROL_INPUTS): TensorRT-LLM's names and types, except min_p and
+# top_logprobs (ours; the GPU layout refuses them); the same names from the ensemble through preprocessing to the llm.
+CONTROL_TENSORS = (
+    _t("repetition_penalty", "FP32", optional=True), _t("presence_penalty", "FP32", optional=True),
+    _t("frequency_penalty", "FP32", optional=True), _t("min_p", "FP32", optional=True),
+    _t("return_log_probs", "BOOL", optional=True), _t("top_logprobs", "INT32", optional=True),
+    _t("num_return_sequences", "INT32", optional=True),
+    _t("guided_decoding_guide_type", "STRING", optional=True), _t("guided_decoding_guide", "STRING", optional=True),
+)
 ENSEMBLE_INPUTS = (
     _t("text_input", "STRING", optional=True), _t("messages", "STRING", optional=True),
     _t("max_tokens", "INT32", optional=True),
@@ -42,10 +51,16 @@ ENSEMBLE_INPUTS = (
     _t("temperature", "FP32", optional=True), _t("min_tokens", "INT32", optional=True),
     _t("seed", "UINT64", optional=True), _t("stream", "BOOL", optional=True),
     _t("exclude_input_in_output", "BOOL", optional=True),
-)
+) + CONTROL_TENSORS
 ENSEMBLE_OUTPUTS = (
     _t("text_output", "STRING", (-1,)), _t("finish_reason", "STRING"),
     _t("num_input_tokens", "INT32"), _t("num_output_tokens", "INT32"),
+    # TensorRT-LLM's log-prob outputs ([beam, tokens] and [beam]; beam width 1) and sequence_index; the token bytes
+    # and the top alternatives are ours. Each covers the generated tokens whose text this response carries
+    # (serving/sequence_output.py); empty when not asked for.
+    _t("output_log_probs", "FP32", (-1, -1)), _t("cum_log_probs", "FP32", (-1,)),
+    _t("output_token_bytes", "STRING", (-1,)), _t("top_logprob_bytes", "STRING", (-1, -1)),
+    _t("top_logprob_values", "FP32", (-1, -1)), _t("sequence_index", "INT32"),
 )
 # The LLM model's contract (tensorrtllm backend names) as fed by preprocessing.
 LLM_INPUTS = (
@@ -56,7 +71,7 @@ LLM_INPUTS = (
     _t("temperature", "FP32", optional=True), _t("random_seed", "UINT64", optional=True),
     _t("min_tokens", "INT32", optional=True), _t("streaming", "BOOL", optional=True),
     _t("exclude_input_in_output", "BOOL", optional=True),
-)
+) + CONTROL_TENSORS
 # Only the LLM model takes ``stop`` (TensorRT-LLM's: end the running request with this request id).
 LLM_CONTROL_INPUTS = (_t("stop", "BOOL", optional=True),)
 # TensorRT-LLM's two outputs, then the ensemble's four: the llm answers in text itself (serving.triton_io.

@@ -50,6 +50,8 @@ class NullSource:
         return self
 
     def submit(self, request: GenerationRequest) -> None:
+        if request.num_return_sequences != 1:
+            raise ValueError("the null token source makes one sequence per request (num_return_sequences 1)")
         self._admission.admit()
         self._inbox.put(request)
 

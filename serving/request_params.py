@@ -53,3 +53,63 @@ def check_lengths(input_len: int, max_tokens: int, max_input_len: int, max_seq_l
 def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
     if not 0 <= min_tokens <= max_tokens:
         raise ValueError(f"min_tokens must be between 0 and max_tokens ({max_tokens}), got {min_tokens}")
+
+
+# ---- issue 17's request controls: TensorRT-LLM's input names (min_p and top_logprobs are ours) -------------------
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")  # TensorRT-LLM's guided_decoding_guide_type values
+MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs limit
+MAX_SEQUENCES = 8
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class Controls:
+    """Penalties, min_p, log-probs, several sequences and guided decoding of one request; defaults change nothing."""
+
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    return_log_probs: bool = False
+    top_logprobs: int = 0
+    num_return_sequences: int = 1
+    guided_decoding_guide_type: str = ""
+    guided_decoding_guide: str = ""
+
+
+#: Each control's input name and how a tensor element becomes its value (the ensemble and the llm use the same names).
+CONTROL_INPUTS: dict[str, type | object] = {
+    "repetition_penalty": float, "presence_penalty": float, "frequency_penalty": float, "min_p": float,
+    "return_log_probs": bool, "top_logprobs": int, "num_return_sequences": int,
+    "guided_decoding_guide_type": _text, "guided_decoding_guide": _text,
+}
+
+
+def resolve_controls(values: dict[str, object]) -> Controls:
+    """``values``: the inputs present (name → value; absent ones missing or None). Raises ValueError naming the input."""
+    given = {name: value for name, value in values.items() if value is not None}
+    for name in ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p"):
+        if name in given and not math.isfinite(given[name]):
+            raise ValueError(f"{name} must be a finite number, got {given[name]}")
+    c = Controls(**given)
+    if c.repetition_penalty <= 0:
+        raise ValueError(f"repetition_penalty must be > 0 (1 means none), got {c.repetition_penalty}")
+    if not 0.0 <= c.min_p <= 1.0:
+        raise ValueError(f"min_p must be in [0, 1], got {c.min_p}")
+    if not 0 <= c.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {c.top_logprobs}")
+    if not 1 <= c.num_return_sequences <= MAX_SEQUENCES:
+        raise ValueError(f"num_return_sequences must be between 1 and {MAX_SEQUENCES}, got {c.num_return_sequences}")
+    kind = c.guided_decoding_guide_type
+    if kind and kind not in GUIDE_TYPES:
+        raise ValueError(f"guided_decoding_guide_type must be one of {', '.join(GUIDE_TYPES)}, got {kind!r}")
+    if c.guided_decoding_guide and not kind:
+        raise ValueError("guided_decoding_guide was sent without guided_decoding_guide_type")
+    if kind in ("json_schema", "regex", "ebnf_grammar") and not c.guided_decoding_guide.strip():
+        raise ValueError(f"guided_decoding_guide_type {kind} needs the {kind} in guided_decoding_guide")
+    if c.top_logprobs and not c.return_log_probs:  # asking for alternatives asks for log-probs
+        c = Controls(**{**vars(c), "return_log_probs": True})
+    return c

@@ -9,6 +9,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from serving.drain import SHUTTING_DOWN
+from serving.sequence_output import Chunk
 from serving.text import decode_ids
 
 
@@ -58,25 +59,36 @@ def shutting_down_response() -> "pb_utils.InferenceResponse":
                                       error=pb_utils.TritonError(SHUTTING_DOWN, pb_utils.TritonError.UNAVAILABLE))
 
 
-def llm_response(table: list[bytes], ids: list[int], finish_reason: str, num_input_tokens: int,
-                 num_output_tokens: int, outputs: Collection[str]) -> "pb_utils.InferenceResponse":
+def llm_response(table: list[bytes], chunk: Chunk, outputs: Collection[str]) -> "pb_utils.InferenceResponse":
     """One response of the ``llm`` model (CPU engine and GPU wrapper alike): TensorRT-LLM's ``output_ids`` and
-    ``sequence_length``, the text of those ids, the finish reason and the token counts — only the ``outputs``
-    the request asked for (the ensemble asks for the text, not the ids).
+    ``sequence_length``, the text of those ids, the finish reason, the token counts, the log-probs of the
+    generated tokens it carries with their bytes and alternatives, and ``sequence_index`` — only the ``outputs``
+    the request asked for (the ensemble asks for all but the ids).
 
     The text is made here, by the one thread that answers the request in order, and not by a
     postprocessing model after it: Triton runs the responses of one stream on several postprocessing
     instances at once and forwards whichever finishes first, so a streamed answer could come back scrambled
-    (seen on the first request after start; tensorrtllm_backend#614). ``ids`` end on a complete UTF-8
-    character (serving.text.Utf8Chunker), so each chunk decodes on its own.
+    (seen on the first request after start; tensorrtllm_backend#614). ``chunk.ids`` end on a complete UTF-8
+    character (serving/sequence_output.py), so each chunk decodes on its own.
     """
+    ids, lps = chunk.ids, chunk.logprobs
+    generated = ids[len(ids) - len(lps):]  # the tokens the log-probs belong to (never the echoed prompt)
+    k = max((len(lp.top) for lp in lps), default=0)
     values = {
         "output_ids": lambda: np.array(ids, dtype=np.int32).reshape(1, 1, -1),
         "sequence_length": lambda: np.array([[len(ids)]], dtype=np.int32),
         "text_output": lambda: np.array([[decode_ids(table, ids).encode("utf-8")]], dtype=object),
-        "finish_reason": lambda: np.array([[finish_reason.encode()]], dtype=object),
-        "num_input_tokens": lambda: np.array([[num_input_tokens]], dtype=np.int32),
-        "num_output_tokens": lambda: np.array([[num_output_tokens]], dtype=np.int32),
+        "finish_reason": lambda: np.array([[chunk.finish_reason.encode()]], dtype=object),
+        "num_input_tokens": lambda: np.array([[chunk.num_input_tokens]], dtype=np.int32),
+        "num_output_tokens": lambda: np.array([[chunk.num_output_tokens]], dtype=np.int32),
+        "output_log_probs": lambda: np.array([lp.logprob for lp in lps], dtype=np.float32).reshape(1, 1, -1),
+        "cum_log_probs": lambda: np.array([[chunk.cum_logprob]], dtype=np.float32),
+        "output_token_bytes": lambda: np.array([table[i] for i in generated], dtype=object).reshape(1, -1),
+        "top_logprob_bytes": lambda: np.array([[table[t] for t, _ in lp.top] for lp in lps],
+                                              dtype=object).reshape(1, len(lps), k),
+        "top_logprob_values": lambda: np.array([[v for _, v in lp.top] for lp in lps],
+                                               dtype=np.float32).reshape(1, len(lps), k),
+        "sequence_index": lambda: np.array([[chunk.sequence_index]], dtype=np.int32),
     }
     return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, make()) for name, make in values.items()
                                                       if name in outputs])

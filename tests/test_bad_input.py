@@ -22,6 +22,17 @@ CASES = [
     ({"text_input": "def f():", "max_tokens": 8, "top_k": -1}, "top_k must be >= 0"),
     ({"text_input": "def f():", "max_tokens": 8, "min_tokens": 9}, "min_tokens must be between 0 and max_tokens"),
     ({"text_input": "def f():"}, "max_tokens"),
+    ({"text_input": "def f():", "max_tokens": 8, "repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
+    ({"text_input": "def f():", "max_tokens": 8, "min_p": 1.5}, "min_p must be in [0, 1]"),
+    ({"text_input": "def f():", "max_tokens": 8, "top_logprobs": 21}, "top_logprobs must be between 0 and 20"),
+    ({"text_input": "def f():", "max_tokens": 8, "num_return_sequences": 9},
+     "num_return_sequences must be between 1 and 8"),
+    ({"text_input": "def f():", "max_tokens": 8, "guided_decoding_guide_type": "yaml"},
+     "guided_decoding_guide_type must be one of"),
+    ({"text_input": "def f():", "max_tokens": 8, "guided_decoding_guide_type": "regex"},
+     "needs the regex in guided_decoding_guide"),
+    ({"text_input": "def f():", "max_tokens": 8, "guided_decoding_guide": "[a-z]+"},
+     "without guided_decoding_guide_type"),
 ]
 
 

@@ -35,15 +35,6 @@ def _engine_idle(metrics_url: str) -> bool:
     return total(samples, "llm_engine_active_slots") == 0 and total(samples, "llm_engine_queued_requests") == 0
 
 
-def _skip_where_the_wrapper_stub_crashes(triton) -> None:
-    if triton.layout != "cpu":
-        # Open finding (docs/gpu.md, "The GPU layout on CPU"): abandoned requests through the GPU layout's llm
-        # wrapper (decoupled BLS streams ended by the backend's stop) aborted the wrapper's Triton 2.51 Python stub
-        # with glibc heap corruption in one full-suite run (here) and in 4 of 5 cancel storms; every later test on
-        # that server then fails ("Stub process 'llm_0_0' is not healthy").
-        pytest.skip("Triton 2.51 Python stub heap corruption in the GPU layout's llm wrapper under abandoned streams")
-
-
 def _abandon_stream(url: str) -> None:
     """Open a stream, read its first event, hang up."""
     with requests.post(url + "/v1/completions", stream=True, timeout=60,
@@ -54,7 +45,6 @@ def _abandon_stream(url: str) -> None:
 
 
 def test_fifty_abandoned_streams_free_every_slot_within_a_second(front, triton):
-    _skip_where_the_wrapper_stub_crashes(triton)
     metrics = triton.urls.metrics
     before = total(scrape(metrics), "llm_requests_finished_total", reason="cancelled")
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -71,7 +61,6 @@ def test_fifty_abandoned_streams_free_every_slot_within_a_second(front, triton):
 
 
 def test_abandoned_non_streamed_request_is_cancelled(front, triton):
-    _skip_where_the_wrapper_stub_crashes(triton)
     metrics = triton.urls.metrics
     before = total(scrape(metrics), "llm_requests_finished_total", reason="cancelled")
     for _ in range(3):

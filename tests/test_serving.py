@@ -66,9 +66,14 @@ def test_health_and_metadata(triton):
     meta = requests.get(f"{http}/v2/models/ensemble").json()
     assert {i["name"] for i in meta["inputs"]} >= {"text_input", "messages", "max_tokens", "stream", "temperature",
                                                    "top_k", "top_p", "seed", "stop_words", "end_id", "pad_id",
-                                                   "exclude_input_in_output"}
+                                                   "exclude_input_in_output", "repetition_penalty",
+                                                   "presence_penalty", "frequency_penalty", "min_p",
+                                                   "return_log_probs", "top_logprobs", "num_return_sequences",
+                                                   "guided_decoding_guide_type", "guided_decoding_guide"}
     assert {o["name"] for o in meta["outputs"]} == {"text_output", "finish_reason", "num_input_tokens",
-                                                    "num_output_tokens"}
+                                                    "num_output_tokens", "output_log_probs", "cum_log_probs",
+                                                    "output_token_bytes", "top_logprob_bytes", "top_logprob_values",
+                                                    "sequence_index"}
     assert requests.get(triton.urls.metrics).status_code == 200
 
 
@@ -118,8 +123,9 @@ def test_ensemble_equals_hand_chained_models(triton, hf):
         {"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [max_tokens]}]})
     assert pre.status_code == 200, pre.text
     pre_out = {o["name"]: o for o in pre.json()["outputs"]}
-    dtypes = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": bool}
-    llm_inputs = [make_input(name, np.array(o["data"], dtype=dtypes[o["datatype"]]).reshape(o["shape"]))
+    dtypes = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": bool, "BYTES": object}
+    llm_inputs = [make_input(name, np.array([d.encode() if isinstance(d, str) else d for d in o["data"]],
+                                            dtype=dtypes[o["datatype"]]).reshape(o["shape"]))
                   for name, o in pre_out.items()]
     responses, error = stream_request(triton.urls.grpc, "llm", llm_inputs)
     assert error is None, error
@@ -174,7 +180,7 @@ def test_end_id_ends_the_answer_streamed_and_not(triton, hf, stream):
     assert responses[-1]["num_output_tokens"].reshape(-1)[0] == cut
 
 def test_http_generate_and_generate_stream_agree(triton):
-    body = {"text_input": "for i in range(", "max_tokens": 32, "temperature": 0.8, "seed": 3}
+    body = {"text_input": "for i in range(", "max_tokens": 32, "temperature": 0.8, "seed": 4}
     whole = requests.post(f"{triton.urls.http}/v2/models/ensemble/generate", json=body)
     assert whole.status_code == 200, whole.text
     stream = requests.post(f"{triton.urls.http}/v2/models/ensemble/generate_stream", json={**body, "stream": True})

@@ -28,10 +28,14 @@ def text_inputs(prompt: str, max_tokens: int, **optional) -> list[grpcclient.Inf
     """Ensemble inputs with batch dim 1; ``optional`` values are scalars, lists (words) or bools."""
     inputs = [make_input("text_input", [[prompt.encode()]], object), make_input("max_tokens", [[max_tokens]], np.int32)]
     types = {"stream": bool, "exclude_input_in_output": bool, "temperature": np.float32, "top_p": np.float32,
-             "top_k": np.int32, "seed": np.uint64, "end_id": np.int32, "pad_id": np.int32, "min_tokens": np.int32}
+             "top_k": np.int32, "seed": np.uint64, "end_id": np.int32, "pad_id": np.int32, "min_tokens": np.int32,
+             "repetition_penalty": np.float32, "presence_penalty": np.float32, "frequency_penalty": np.float32,
+             "min_p": np.float32, "return_log_probs": bool, "top_logprobs": np.int32, "num_return_sequences": np.int32}
     for name, value in optional.items():
         if name in ("stop_words", "bad_words"):
             inputs.append(make_input(name, [[w.encode() for w in value]], object))
+        elif isinstance(value, str):  # guided_decoding_guide_type, guided_decoding_guide
+            inputs.append(make_input(name, [[value.encode()]], object))
         else:
             inputs.append(make_input(name, [[value]], types[name]))
     return inputs

@@ -3,7 +3,7 @@ GPU model repository and the container entry point.
 
 Nothing of TensorRT-LLM is imported anywhere in this package: the build runs its tools as subprocesses
 inside the pinned image, and versions are read from package metadata. Importing this package is cheap
-(submodules load on first use), because the GPU ``llm`` model imports ``builders.trtllm.stream_state``.
+(submodules load on first use).
 
 Public API::
 

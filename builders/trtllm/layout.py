@@ -42,6 +42,10 @@ OPTIONS_FILE = "trtllm_options.json"
 # TensorRT-LLM renamed random_seed → seed and min_length → min_tokens (tensorrtllm_backend docs/model_config.md,
 # r25.10 onward; v1.0.0 and older still list random_seed / min_length).
 TRTLLM_INPUT_NAMES = {"random_seed": "seed", "min_tokens": "min_tokens"}
+# Guided decoding stays off in the rendered tensorrt_llm config (it needs xgrammar_tokenizer_info_path, made by
+# TensorRT-LLM's own tooling on the GPU image, not here); the llm wrapper reads the same value and refuses guided
+# requests with INVALID_ARG instead of letting the backend fail them with INTERNAL.
+GUIDED_DECODING_BACKEND = ""
 _SCALAR = dict(dims=(1,), reshape=True)
 TRTLLM_INPUTS = (
     ("input_ids", "INT32", dict(dims=(-1,), ragged=True)),
@@ -58,6 +62,13 @@ TRTLLM_INPUTS = (
     ("min_tokens", "INT32", _SCALAR),
     ("streaming", "BOOL", _SCALAR),
     ("exclude_input_in_output", "BOOL", _SCALAR),
+    ("repetition_penalty", "FP32", _SCALAR),
+    ("presence_penalty", "FP32", _SCALAR),
+    ("frequency_penalty", "FP32", _SCALAR),
+    ("return_log_probs", "BOOL", _SCALAR),
+    ("num_return_sequences", "INT32", _SCALAR),
+    ("guided_decoding_guide_type", "STRING", _SCALAR),
+    ("guided_decoding_guide", "STRING", _SCALAR),
     ("return_num_input_tokens", "BOOL", _SCALAR),
     ("return_num_output_tokens", "BOOL", _SCALAR),
     ("stop", "BOOL", _SCALAR),
@@ -67,6 +78,9 @@ TRTLLM_OUTPUTS = (
     ("sequence_length", "INT32", (-1,)),
     ("num_input_tokens", "INT32", (1,)),
     ("num_output_tokens", "INT32", (1,)),
+    ("output_log_probs", "FP32", (-1, -1)),
+    ("cum_log_probs", "FP32", (-1,)),
+    ("sequence_index", "INT32", (1,)),
 )
 
 
@@ -160,7 +174,7 @@ def tensorrt_llm_config(engine_dir: str | Path, engine_cfg: dict, options: Trtll
         # Guided decoding off: the backend turns it on only when both of these are non-empty.
         "tokenizer_dir": str(tokenizer_dir),
         "xgrammar_tokenizer_info_path": "",
-        "guided_decoding_backend": "",
+        "guided_decoding_backend": GUIDED_DECODING_BACKEND,
     }
     paged = paged_context_fmha(engine_cfg)
     params.update({key: getattr(options, key) and paged for key in NEEDS_PAGED_CONTEXT_FMHA})
@@ -182,7 +196,8 @@ def llm_wrapper_config(profile: ServingProfile, options: TrtllmOptions, limits: 
                            profile.llm.instances,
                            {"tensorrt_llm_model_name": options.tensorrt_llm_model_name,
                             "tokenizer_dir": profile.tokenizer_dir, "max_inflight": inflight,
-                            "max_input_len": limits["max_input_len"], "max_seq_len": limits["max_seq_len"]})
+                            "max_input_len": limits["max_input_len"], "max_seq_len": limits["max_seq_len"],
+                            "guided_decoding_backend": GUIDED_DECODING_BACKEND})
     cfg.model_transaction_policy.decoupled = True
     cfg.dynamic_batching.max_queue_delay_microseconds = 0  # execute() only hands requests to threads
     return cfg

@@ -18,26 +18,27 @@ from cpu_engine import (EngineLimits, GenerationRequest, LLMEngine, QueueFullErr
                         TokenEvent, load_engine)
 from serving.drain import LLM_GRACE_S, DrainGate
 from serving.llm_metrics import LLMMetrics
-from serving.request_params import check_lengths, check_min_tokens, resolve_sampling
+from serving.request_params import (CONTROL_INPUTS, Controls, check_lengths, check_min_tokens, resolve_controls,
+                                    resolve_sampling)
+from serving.sequence_output import SequenceOutput, TokenLogprob
 from serving.stub_python import check_stub
-from serving.text import Utf8Chunker, from_word_list, token_bytes_table
+from serving.text import from_word_list, token_bytes_table
 from serving.triton_io import (RequestError, error_response, llm_response, model_parameters, scalar,
                                shutting_down_response, single_row)
 
 
 @dataclass
 class _Stream:
-    """What the sender thread needs to answer one request."""
+    """What the sender thread needs to answer one request: one SequenceOutput per returned sequence."""
 
     sender: object
-    streaming: bool
-    echo_ids: list[int]  # prompt ids to prepend to the first response (exclude_input_in_output=false)
-    chunker: Utf8Chunker
+    sequences: list[SequenceOutput]
     client_id: str = ""
     outputs: frozenset[str] = frozenset()  # what the request asked for: only those are sent
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
-    ready: list[int] = field(default_factory=list)  # complete-text token ids not sent yet
+    running: int = 1  # sequences not ended yet
+    output_tokens: int = 0  # of the sequences that ended
 
 
 class TritonPythonModel:
@@ -51,6 +52,8 @@ class TritonPythonModel:
         self.max_input_len, self.max_seq_len = build["max_input_len"], build["max_seq_len"]
         self.vocab_size = loaded.model.args.vocab_size
         self.table = token_bytes_table(params["tokenizer_dir"])
+        self.tokenizer_dir = params["tokenizer_dir"]
+        self._grammars = None  # cpu_engine.grammar.Grammars, made on the first guided request
         self.drain_timeout_s = float(params.get("drain_timeout_s", "25"))
         self._streams: dict[str, _Stream] = {}
         self._by_client_id: dict[str, str] = {}  # client request id → ours, for the `stop` input
@@ -99,6 +102,9 @@ class TritonPythonModel:
                 self._forget(gen.request_id)
                 sender.send(error_response(exc, pb_utils.TritonError.UNAVAILABLE),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except ValueError as exc:  # a request this engine cannot run (more sequences than slots)
+                self._forget(gen.request_id)
+                sender.send(error_response(exc), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if submitted:  # at once, not at the next period: a drain must never read a stale "idle"
             self.metrics.update_gauges(self.engine.queued, self.engine.active, self.engine.kv_occupancy, force=True)
         return None
@@ -139,6 +145,7 @@ class TritonPythonModel:
         check_min_tokens(min_tokens, max_tokens)
         sampling = resolve_sampling(scalar(request, "temperature", float), scalar(request, "runtime_top_k", int),
                                     scalar(request, "runtime_top_p", float))
+        controls = resolve_controls({name: scalar(request, name, cast) for name, cast in CONTROL_INPUTS.items()})
         seed = scalar(request, "random_seed", int) or 0
         exclude_input = scalar(request, "exclude_input_in_output", bool)
         request_id = uuid.uuid4().hex  # the client's id may be empty or reused; ours keys the stream
@@ -146,16 +153,38 @@ class TritonPythonModel:
             request_id=request_id,
             prompt_ids=prompt,
             max_new_tokens=max_tokens,
-            sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed, min_tokens),
+            sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed, min_tokens,
+                                    controls.repetition_penalty, controls.presence_penalty,
+                                    controls.frequency_penalty, controls.min_p),
             end_id=scalar(request, "end_id", int),
             stop_words=self._word_list(request, "stop_words_list"),
             bad_words=self._word_list(request, "bad_words_list"),
             is_cancelled=lambda: request_id in self._stopped or sender.is_cancelled(),
+            return_log_probs=controls.return_log_probs,
+            top_logprobs=controls.top_logprobs,
+            num_return_sequences=controls.num_return_sequences,
+            guide=self._guide(controls),
         )
-        stream = _Stream(sender=sender, streaming=bool(scalar(request, "streaming", bool)),
-                         echo_ids=[] if exclude_input in (None, True) else prompt, chunker=Utf8Chunker(self.table),
-                         client_id=request.request_id(), outputs=frozenset(request.requested_output_names()))
+        streaming = bool(scalar(request, "streaming", bool))
+        echo = [] if exclude_input in (None, True) else prompt
+        sequences = [SequenceOutput(self.table, streaming, max_tokens, len(prompt), list(echo), index)
+                     for index in range(controls.num_return_sequences)]
+        stream = _Stream(sender=sender, sequences=sequences, client_id=request.request_id(),
+                         outputs=frozenset(request.requested_output_names()), running=len(sequences))
         return gen, stream
+
+    def _guide(self, controls: Controls):
+        """The request's compiled grammar (cached by the grammar cache), or None; a bad guide is the user's error."""
+        if not controls.guided_decoding_guide_type:
+            return None
+        from cpu_engine.grammar import Grammars, GuideError  # xgrammar loads only when a guide is asked for
+
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer_dir, self.vocab_size)
+        try:
+            return self._grammars.compile(controls.guided_decoding_guide_type, controls.guided_decoding_guide)
+        except GuideError as exc:
+            raise RequestError(str(exc)) from None
 
     @staticmethod
     def _word_list(request, name) -> list[list[int]]:
@@ -178,7 +207,7 @@ class TritonPythonModel:
                     break
             # Tokens that arrived together leave together: under load one response carries several tokens,
             # so responses per second do not grow with the number of streams.
-            pending: dict[str, tuple[_Stream, TokenEvent]] = {}
+            pending: dict[tuple[str, int], _Stream] = {}
             finished = False
             for event in events:
                 if event is None:
@@ -188,16 +217,17 @@ class TritonPythonModel:
                 if stream is None:
                     continue
                 self._take(stream, event)
+                key = (event.request_id, event.sequence_index)
                 if event.finish_reason is None:
-                    pending[event.request_id] = (stream, event)
+                    pending[key] = stream
                 else:
-                    pending.pop(event.request_id, None)
+                    pending.pop(key, None)
                     finished = True
                     self._finish(stream, event)
-            for stream, event in pending.values():
-                if stream.streaming and stream.ready:
-                    ids, stream.ready = stream.ready, []
-                    self._send(stream, ids, event, final=False)
+            for (_, index), stream in pending.items():
+                chunk = stream.sequences[index].ready()
+                if chunk is not None:
+                    self._send(stream, chunk, final=False)
             self.metrics.update_gauges(self.engine.queued, self.engine.active, self.engine.kv_occupancy,
                                        force=finished)
 
@@ -206,25 +236,24 @@ class TritonPythonModel:
             return
         if stream.first_token is None:
             stream.first_token = time.monotonic()
-        if stream.streaming:
-            stream.ready += stream.chunker.push(event.token_id) or []
-        else:
-            stream.ready.append(event.token_id)
+        logprobs = None if event.logprob is None else [TokenLogprob(event.logprob, event.top_logprobs)]
+        stream.sequences[event.sequence_index].add([event.token_id], logprobs)
 
     def _finish(self, stream: _Stream, event: TokenEvent):
-        self._forget(event.request_id)
-        rest = stream.ready + (stream.chunker.flush() if stream.streaming else [])
-        self.metrics.request_finished(event.finish_reason.value, stream.arrival, stream.first_token,
-                                      time.monotonic(), event.num_input_tokens, event.num_output_tokens)
-        self._send(stream, rest, event, final=True)
+        """One sequence ended; the request ends with its last sequence (that response is the final one)."""
+        stream.running -= 1
+        stream.output_tokens += event.num_output_tokens
+        chunk = stream.sequences[event.sequence_index].finish(event.finish_reason.value)
+        last = stream.running == 0
+        if last:
+            self._forget(event.request_id)
+            self.metrics.request_finished(event.finish_reason.value, stream.arrival, stream.first_token,
+                                          time.monotonic(), event.num_input_tokens, stream.output_tokens)
+        self._send(stream, chunk, final=last)
 
-    def _send(self, stream: _Stream, ids: list[int], event: TokenEvent, final: bool):
+    def _send(self, stream: _Stream, chunk, final: bool):
         """Send one response; a failed send (the client has gone) must not stop the other streams."""
-        if stream.echo_ids:
-            ids, stream.echo_ids = stream.echo_ids + ids, []
-        reason = event.finish_reason.value if final else ""
-        response = llm_response(self.table, ids, reason, event.num_input_tokens, event.num_output_tokens,
-                                stream.outputs)
+        response = llm_response(self.table, chunk, stream.outputs)
         try:
             stream.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
         except Exception as exc:

@@ -9,7 +9,8 @@ from transformers import AutoTokenizer
 
 from serving.chat import ChatEncoder, default_end_id, parse_messages
 from serving.drain import PREPROCESSING_GRACE_S, DrainGate
-from serving.request_params import check_lengths, check_min_tokens, resolve_sampling
+from serving.request_params import (CONTROL_INPUTS, check_lengths, check_min_tokens, resolve_controls,
+                                    resolve_sampling)
 from serving.stub_python import check_stub
 from serving.text import to_word_list
 from serving.triton_io import (RequestError, error_response, model_parameters, scalar,
@@ -37,6 +38,17 @@ def _string(request, name: str) -> str | None:
         return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
     except UnicodeDecodeError as exc:
         raise RequestError(f"{name} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _element(value) -> tuple[object, type]:
+    """A control's value and its tensor dtype (bool before int: a bool is an int in Python)."""
+    if isinstance(value, bool):
+        return value, bool
+    if isinstance(value, int):
+        return value, np.int32
+    if isinstance(value, float):
+        return value, np.float32
+    return value.encode("utf-8"), object
 
 
 class TritonPythonModel:
@@ -96,6 +108,7 @@ class TritonPythonModel:
         pad_id = scalar(request, "pad_id", int)
         stream = scalar(request, "stream", bool)
         exclude_input = scalar(request, "exclude_input_in_output", bool)
+        controls = resolve_controls({name: scalar(request, name, cast) for name, cast in CONTROL_INPUTS.items()})
 
         def one(value, dtype):
             return np.array([[value]], dtype=dtype)
@@ -115,4 +128,4 @@ class TritonPythonModel:
             pb_utils.Tensor("min_tokens", one(min_tokens, np.int32)),
             pb_utils.Tensor("streaming", one(bool(stream), bool)),
             pb_utils.Tensor("exclude_input_in_output", one(True if exclude_input is None else exclude_input, bool)),
-        ]
+        ] + [pb_utils.Tensor(name, one(*_element(value))) for name, value in vars(controls).items()]

@@ -3,7 +3,8 @@
 Decoupled. ``execute()`` only validates and hands each request to a worker thread, so requests never wait
 for one another here (the in-flight batching happens in ``tensorrt_llm``). Each worker streams its request
 through ``tensorrt_llm`` with a decoupled BLS call and answers with ``output_ids``, ``sequence_length``,
-``finish_reason``, ``num_input_tokens``, ``num_output_tokens`` (see builders/trtllm/stream_state.py).
+``finish_reason``, ``num_input_tokens``, ``num_output_tokens``, log-probs and ``sequence_index``
+(serving/sequence_output.py). ``min_p`` and ``top_logprobs`` are refused: tensorrt_llm has no such input or output.
 Cancellation: one thread polls every stream's ``is_cancelled()`` (as the C++ backend's ``WaitForCancel`` does) and
 ends a cancelled one with the backend's own ``stop`` request under that stream's request id. That works on every
 Triton: the response iterator's ``cancel()`` exists only in newer Python backends (not in 2.51, which runs the CPU
@@ -26,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from builders.trtllm.stream_state import Chunk, StreamState
 from serving.drain import LLM_GRACE_S, DrainGate
+from serving.request_params import CONTROL_INPUTS, resolve_controls
+from serving.sequence_output import Chunk, SequenceOutput, TokenLogprob
 from serving.stub_python import check_stub
 from serving.text import token_bytes_table
 from serving.triton_io import (RequestError, error_response, llm_response, model_parameters, scalar,
@@ -38,7 +40,11 @@ _FORWARD = {
     "input_ids": "input_ids", "input_lengths": "input_lengths", "request_output_len": "request_output_len",
     "end_id": "end_id", "pad_id": "pad_id", "runtime_top_k": "runtime_top_k", "runtime_top_p": "runtime_top_p",
     "temperature": "temperature", "random_seed": "seed", "min_tokens": "min_tokens", "streaming": "streaming",
+    "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "return_log_probs": "return_log_probs",
+    "num_return_sequences": "num_return_sequences",
 }
+_GUIDE = ("guided_decoding_guide_type", "guided_decoding_guide")  # forwarded only when a guide is asked for
 _WORD_LISTS = ("stop_words_list", "bad_words_list")
 CANCEL_POLL_S = 0.02  # as the CPU engine: how stale a client's cancellation may be
 # How long a finished BLS iterator is held: the stub's cleanup of it is one queued IPC message (microseconds to
@@ -60,6 +66,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(check_stub(args["model_name"]))
         params = model_parameters(args)
         self.trt_model = params["tensorrt_llm_model_name"]
+        self.guided_decoding = bool(params.get("guided_decoding_backend"))  # as the tensorrt_llm config has it
         self.table = token_bytes_table(params["tokenizer_dir"])
         self.pool = ThreadPoolExecutor(max_workers=int(params["max_inflight"]), thread_name_prefix="trtllm-stream")
         self.gate = DrainGate()  # the launcher's drain, as the CPU llm has it (serving/drain.py)
@@ -85,7 +92,7 @@ class TritonPythonModel:
                 if draining:
                     sender.send(shutting_down_response(), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
-                inputs, state = self._prepare(request)
+                inputs, wanted, sequences = self._prepare(request)
                 outputs = frozenset(request.requested_output_names())
             except (RequestError, ValueError) as exc:
                 sender.send(error_response(exc), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -93,7 +100,7 @@ class TritonPythonModel:
             bls_id = uuid.uuid4().hex  # the client's id may be empty or shared; ours names exactly this stream
             with self._inflight_lock:
                 self._inflight[bls_id] = _Inflight(sender, request.request_id())
-            self.pool.submit(self._stream, inputs, state, sender, outputs, bls_id)
+            self.pool.submit(self._stream, inputs, wanted, sequences, sender, outputs, bls_id)
         return None
 
     def _stop(self, client_id: str, sender) -> None:
@@ -164,11 +171,24 @@ class TritonPythonModel:
         length = scalar(request, "input_lengths", int) or int(ids.size)
         exclude = scalar(request, "exclude_input_in_output", bool)
         streaming = bool(scalar(request, "streaming", bool))
+        controls = resolve_controls({name: scalar(request, name, cast) for name, cast in CONTROL_INPUTS.items()})
+        if controls.min_p:
+            raise RequestError("min_p is not supported by the TensorRT-LLM layout (tensorrt_llm has no min_p input)")
+        if controls.top_logprobs:
+            raise RequestError("top_logprobs is not supported by the TensorRT-LLM layout (tensorrt_llm returns the "
+                               "chosen tokens' log-probs only): use return_log_probs")
+        if controls.guided_decoding_guide_type and not self.guided_decoding:
+            raise RequestError("guided decoding is off in this deployment's tensorrt_llm model "
+                               "(its guided_decoding_backend parameter is empty)")
         inputs = []
         for ours, theirs in _FORWARD.items():
             t = pb_utils.get_input_tensor_by_name(request, ours)
             if t is not None:
                 inputs.append(pb_utils.Tensor(theirs, t.as_numpy()))
+        for name in _GUIDE if controls.guided_decoding_guide_type else ():
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            if t is not None:
+                inputs.append(pb_utils.Tensor(name, t.as_numpy()))
         for name in _WORD_LISTS:
             t = pb_utils.get_input_tensor_by_name(request, name)
             if t is not None and (t.as_numpy()[..., 1, :] >= 0).any():  # skip the empty list ([0] / [-1])
@@ -176,44 +196,65 @@ class TritonPythonModel:
         # The prompt is echoed here (first response), like the CPU llm; TensorRT-LLM returns new tokens only.
         inputs.append(pb_utils.Tensor("exclude_input_in_output", np.array([[True]], dtype=bool)))
         echo = [] if exclude in (None, True) else [int(i) for i in ids.reshape(-1)[:length]]
-        return inputs, StreamState(self.table, streaming, max_tokens, length, echo)
+        sequences = [SequenceOutput(self.table, streaming, max_tokens, length, list(echo), index)
+                     for index in range(controls.num_return_sequences)]
+        # What tensorrt_llm is asked to return: the log-probs only when wanted (it may fill them with zeros otherwise).
+        wanted = ["output_ids", "sequence_length", "sequence_index"]
+        return inputs, wanted + ["output_log_probs"] * controls.return_log_probs, sequences
 
     # ---- worker threads: one BLS stream per request ------------------------------------------------------
-    def _stream(self, inputs, state: StreamState, sender, outputs: frozenset[str], bls_id: str):
+    def _stream(self, inputs, wanted: list[str], sequences: list[SequenceOutput], sender, outputs: frozenset[str],
+                bls_id: str):
         stream = self._inflight[bls_id]
         responses = None
         try:
             bls = pb_utils.InferenceRequest(model_name=self.trt_model, inputs=inputs, request_id=bls_id,
-                                            requested_output_names=["output_ids", "sequence_length"])
+                                            requested_output_names=wanted)
             responses = bls.exec(decoupled=True)
             for response in responses:
                 if response.has_error():
                     raise pb_utils.TritonModelException(response.error().message())
                 if stream.cancelled or not response.output_tensors():
                     continue
+                sequence = sequences[self._index(response)]
                 out = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
                 seq = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
                 row = out.reshape(-1)[: out.shape[-1]]  # batch 1, beam 0; [1, 1, 0] when end_id ends it
                 n = min(int(seq.reshape(-1)[0]), row.shape[0])
-                chunk = state.push([int(i) for i in row[:n]])
+                chunk = sequence.push([int(i) for i in row[:n]], self._logprobs(response, n))
                 if chunk is not None:
                     sender.send(self._response(chunk, outputs), flags=0)
-            final = self._response(state.finish(stream.cancelled), outputs)
+            # tensorrt_llm ends the request once, after its last sequence: every sequence ends here.
+            finals = [self._response(s.finish(s.reason_without_engine(stream.cancelled)), outputs) for s in sequences]
         except Exception as exc:  # noqa: BLE001 - the client must get an answer whatever failed
-            final = error_response(exc, pb_utils.TritonError.INTERNAL)
+            finals = [error_response(exc, pb_utils.TritonError.INTERNAL)]
         finally:
             if responses is not None:
                 self._retire(responses)
         with self._inflight_lock:
             del self._inflight[bls_id]
         try:
-            sender.send(final, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            for response in finals[:-1]:
+                sender.send(response, flags=0)
+            sender.send(finals[-1], flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as exc:  # noqa: BLE001 - client gone
             pb_utils.Logger.log_error(f"llm: sending the final response failed: {exc}")
 
+    @staticmethod
+    def _index(response) -> int:
+        t = pb_utils.get_output_tensor_by_name(response, "sequence_index")
+        return 0 if t is None else int(t.as_numpy().reshape(-1)[0])
+
+    @staticmethod
+    def _logprobs(response, n: int) -> list[TokenLogprob] | None:
+        """The new tokens' log-probs ([1, beam, n]), when the request asked for them (return_log_probs)."""
+        t = pb_utils.get_output_tensor_by_name(response, "output_log_probs")
+        if t is None:
+            return None
+        return [TokenLogprob(float(v)) for v in t.as_numpy().reshape(-1)[-n:]] if n else []
+
     def _response(self, chunk: Chunk, outputs: frozenset[str]):
-        return llm_response(self.table, chunk.ids, chunk.finish_reason, chunk.num_input_tokens,
-                            chunk.num_output_tokens, outputs)
+        return llm_response(self.table, chunk, outputs)
 
     def finalize(self):
         # Drain: streams already handed to workers finish before the stub exits.

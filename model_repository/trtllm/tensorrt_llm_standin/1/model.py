@@ -67,10 +67,15 @@ class _Stream:
     sender: object
     streaming: bool
     triton_id: str
-    echo: list[int]  # the prompt, when exclude_input_in_output is false
-    output: list[int] = field(default_factory=list)  # non-streaming: everything so far
+    echo: list[list[int]]  # per sequence: the prompt, when exclude_input_in_output is false
+    outputs: frozenset[str]  # the outputs the request asked for
+    output: list[list[int]]  # per sequence, non-streaming: everything so far
+    log_probs: list[list[float]]  # per sequence, non-streaming: the log-probs so far (return_log_probs)
+    cum_log_probs: list[float]
+    running: int  # sequences not ended yet
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
+    output_tokens: int = 0  # of the sequences that ended
 
 
 class TritonPythonModel:
@@ -95,6 +100,7 @@ class TritonPythonModel:
         # What the real backend exports (nv_trt_llm_*): the chart's GPU queries read these.
         self.trt_metrics = TrtLlmMetrics(args["model_name"], args["model_version"],
                                          self.source.limits.max_batch_size, self.source.limits.max_seq_len)
+        self.guided_decoding = bool(params["guided_decoding_backend"])
         self.max_input_len = int(params["standin_max_input_len"])
         self.max_seq_len = int(params["standin_max_seq_len"])
         self._sender = threading.Thread(target=self._send_loop, name="tensorrt_llm-responses", daemon=True)
@@ -115,7 +121,7 @@ class TritonPythonModel:
                 self._by_triton_id.setdefault(stream.triton_id, set()).add(gen.request_id)
                 try:
                     self.source.submit(gen)
-                except QueueFullError as exc:
+                except (QueueFullError, ValueError) as exc:  # full, or more sequences than the engine has slots
                     self._forget(gen.request_id)
                     raise BackendError(str(exc)) from None
             except BackendError as exc:
@@ -155,16 +161,28 @@ class TritonPythonModel:
                                     _value(request, "runtime_top_p"))
         exclude = _value(request, "exclude_input_in_output")
         exclude = self.default_exclude_input if exclude is None else bool(exclude)
+        if _value(request, "guided_decoding_guide_type") and not self.guided_decoding:
+            # The executor refuses a guided request when the model has no guided decoding config (read in
+            # TensorRT-LLM's executor sources; wording not verified).
+            raise BackendError("Guided decoding is not enabled: the model has no guided decoding config")
+        n = int(_value(request, "num_return_sequences") or 1)
         request_id = uuid.uuid4().hex
         gen = GenerationRequest(
             request_id=request_id, prompt_ids=prompt, max_new_tokens=max_new,
-            sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p,
-                                    int(_value(request, "seed") or 0), int(_value(request, "min_tokens") or 0)),
+            sampling=SamplingParams(
+                sampling.temperature, sampling.top_k, sampling.top_p, int(_value(request, "seed") or 0),
+                int(_value(request, "min_tokens") or 0),
+                repetition_penalty=float(_value(request, "repetition_penalty") or 1.0),
+                presence_penalty=float(_value(request, "presence_penalty") or 0.0),
+                frequency_penalty=float(_value(request, "frequency_penalty") or 0.0)),
             end_id=_value(request, "end_id"),
             stop_words=self._words(request, "stop_words_list"), bad_words=self._words(request, "bad_words_list"),
-            is_cancelled=lambda: request_id in self._stopped or sender.is_cancelled())
+            is_cancelled=lambda: request_id in self._stopped or sender.is_cancelled(),
+            return_log_probs=bool(_value(request, "return_log_probs")), num_return_sequences=n)
         stream = _Stream(sender, bool(_value(request, "streaming")), request.request_id(),
-                         [] if exclude else prompt)
+                         [[] if exclude else list(prompt) for _ in range(n)],
+                         frozenset(request.requested_output_names()), [[] for _ in range(n)],
+                         [[] for _ in range(n)], [0.0] * n, running=n)
         return gen, stream
 
     @staticmethod
@@ -195,29 +213,45 @@ class TritonPythonModel:
                 self._answer(stream, event)
 
     def _answer(self, stream: _Stream, event: TokenEvent) -> None:
-        final = event.finish_reason is not None
+        """One engine event → this sequence's response: streaming, the new token; otherwise, at the sequence's
+        end, its whole output. The request's last response (its last sequence's) carries COMPLETE_FINAL."""
+        index, ended = event.sequence_index, event.finish_reason is not None
         new = [] if event.token_id is None else [event.token_id]
+        logprobs = [] if event.logprob is None else [event.logprob]
         if new and stream.first_token is None:
             stream.first_token = time.monotonic()
+        stream.cum_log_probs[index] += sum(logprobs)
         if not stream.streaming:
-            stream.output += new
-            if not final:
+            stream.output[index] += new
+            stream.log_probs[index] += logprobs
+            if not ended:
                 return
-            new = stream.output
+            new, logprobs = stream.output[index], stream.log_probs[index]
+        final = False
+        if ended:
+            stream.running -= 1
+            stream.output_tokens += event.num_output_tokens
+            final = stream.running == 0
         if final:
             self._forget(event.request_id)
             self.metrics.request_finished(event.finish_reason.value, stream.arrival, stream.first_token,
-                                          time.monotonic(), event.num_input_tokens, event.num_output_tokens)
+                                          time.monotonic(), event.num_input_tokens, stream.output_tokens)
             self.metrics.update_gauges(self.source.queued, self.source.active, self.source.kv_occupancy, force=True)
-            self.trt_metrics.request_finished(event.num_input_tokens, event.num_output_tokens)
+            self.trt_metrics.request_finished(event.num_input_tokens, stream.output_tokens)
             self._update_trt_metrics()
-        # The prompt leads the first response when it is not excluded (executor OutputConfig
+        # The prompt leads the sequence's first response when it is not excluded (executor OutputConfig
         # excludeInputFromOutput; for streaming this is our reading of the executor, not observed).
-        ids, stream.echo = stream.echo + new, []
-        response = pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, -1)),
-            pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
-        ])
+        ids, stream.echo[index] = stream.echo[index] + new, []
+        values = {  # fillTritonResponse: [1, beam, len] ids and log-probs, [1, beam] lengths and cum log-probs
+            "output_ids": np.array(ids, dtype=np.int32).reshape(1, 1, -1),
+            "sequence_length": np.array([[len(ids)]], dtype=np.int32),
+            "output_log_probs": np.array(logprobs, dtype=np.float32).reshape(1, 1, -1),
+            "cum_log_probs": np.array([[stream.cum_log_probs[index]]], dtype=np.float32),
+            "sequence_index": np.array([[index]], dtype=np.int32),
+        }
+        response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, value)
+                                                              for name, value in values.items()
+                                                              if name in stream.outputs])
         try:
             stream.sender.send(response, flags=_FINAL if final else 0)
         except Exception as exc:  # noqa: BLE001 - a client that has gone must not stop the other streams
@@ -233,3 +267,4 @@ class TritonPythonModel:
         self._events.put(None)
         self._sender.join(timeout=5)
         self.trt_metrics.close()
+        self.metrics.close()
