@@ -51,6 +51,9 @@ PROFILES = {
     "hardened-readonly": CRD_APIS,
 }
 CR_KINDS = {"ScaledObject", "ServiceMonitor", "PodMonitor", "PrometheusRule"}
+# GPU HPA needs its metric named (no queue default on GPU): busy slots.
+GPU_HPA = {"autoscaling": {"mode": "hpa", "hpa": {"podsMetrics": [
+    {"name": "nv_trt_llm_request_metrics", "averageValue": "48", "matchLabels": {"request_type": "scheduled"}}]}}}
 UPDATE_GOLDEN = os.environ.get("UPDATE_HELM_GOLDEN") == "1"
 
 
@@ -127,12 +130,14 @@ def merge(base: dict, over: dict) -> dict:
 
 
 @pytest.fixture(scope="session")
-def rendered(helm_bin, helm_env) -> dict[str, str]:
+def rendered(helm_bin, helm_env, tmp_path_factory) -> dict[str, str]:
     """Profile name -> rendered manifest text (plus 'default' and 'hpa' renders)."""
     out = {name: template(helm_bin, helm_env, values=[profile_file(name)], apis=apis).stdout
            for name, apis in PROFILES.items()}
     out["default"] = template(helm_bin, helm_env).stdout
-    out["hpa"] = template(helm_bin, helm_env, sets=["autoscaling.mode=hpa"], apis=CRD_APIS).stdout
+    gpu_hpa = tmp_path_factory.mktemp("values") / "gpu-hpa.yaml"
+    gpu_hpa.write_text(yaml.safe_dump(GPU_HPA))
+    out["hpa"] = template(helm_bin, helm_env, values=[gpu_hpa], apis=CRD_APIS).stdout
     out["cpu-hpa"] = template(helm_bin, helm_env, values=[profile_file("cpu")],
                               sets=["autoscaling.mode=hpa", "autoscaling.hpa.cpuUtilization=80"]).stdout
     return out
@@ -343,7 +348,10 @@ def test_keda_scaledobject_structure(rendered):
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300, "scale-down must be slow"
     assert any(t["metricType"] == "AverageValue" for t in spec["triggers"]), "fallback needs an AverageValue trigger"
     names = set(values["metrics"]["names"].values())
-    assert {t["name"] for t in spec["triggers"]} == {"engine-queue", "active-slots", "kv-cache-occupancy", "ttft"}
+    # GPU profile: every trigger on but engine-queue, which does not exist on GPU (TensorRT-LLM exports no queue
+    # beyond its batch slots; tests/test_prometheus.py runs these against the stand-in's TensorRT-LLM metrics).
+    assert values["autoscaling"]["keda"]["triggers"]["engineQueue"]["enabled"]
+    assert {t["name"] for t in spec["triggers"]} == {"active-slots", "kv-cache-occupancy", "ttft"}
     # Triton's queue of the decoupled llm model never fills (issue 20): no trigger may read it.
     assert not any("nv_inference_pending_request_count" in t["metadata"]["query"]
                    or "nv_inference_queue_duration_us" in t["metadata"]["query"] for t in spec["triggers"])
@@ -355,10 +363,6 @@ def test_keda_scaledobject_structure(rendered):
         assert f'namespace="{NAMESPACE}"' in q
         float(t["metadata"]["threshold"])
         assert t["metadata"]["serverAddress"] == values["autoscaling"]["keda"]["prometheusAddress"]
-    # GPU profile: the engine queue is TensorRT-LLM's waiting requests.
-    engine_queue = next(t for t in spec["triggers"] if t["name"] == "engine-queue")
-    assert 'nv_trt_llm_request_metrics{' in engine_queue["metadata"]["query"]
-    assert 'request_type="waiting"' in engine_queue["metadata"]["query"]
     by_name = {t["name"]: t["metadata"]["query"] for t in spec["triggers"]}
     assert 'request_type="scheduled"' in by_name["active-slots"]
     assert 'nv_trt_llm_kv_cache_block_metrics{' in by_name["kv-cache-occupancy"]
@@ -412,7 +416,28 @@ def test_monitoring_objects_only_when_crds_exist(helm_bin, helm_env, rendered):
     pod_monitor = docs_of(template(helm_bin, helm_env, sets=["metrics.podMonitor.enabled=true"],
                                    apis=CRD_APIS).stdout)
     pm = one(pod_monitor, "PodMonitor")
-    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == ["metrics", "openai"]
+    # The front door's /metrics is behind its API key: Prometheus sends the chart's secret.
+    sm = one(with_crds, "ServiceMonitor")
+    (front,) = [e for e in sm["spec"]["endpoints"] if e["port"] == "openai"]
+    assert front["authorization"] == {"type": "Bearer", "credentials": {"name": "llm-triton-llm-openai-api-key",
+                                                                        "key": "api-key"}}
+    policy = one(with_crds, "NetworkPolicy")["spec"]["ingress"]
+    assert {"port": "openai", "protocol": "TCP"} in policy[-1]["ports"], "Prometheus must reach the openai port"
+    no_front = docs_of(template(helm_bin, helm_env, sets=["openai.enabled=false"], apis=CRD_APIS).stdout)
+    assert [e["port"] for e in one(no_front, "ServiceMonitor")["spec"]["endpoints"]] == ["metrics"]
+    off = docs_of(template(helm_bin, helm_env, sets=["metrics.serviceMonitor.scrapeOpenai=false"],
+                           apis=CRD_APIS).stdout)
+    assert [e["port"] for e in one(off, "ServiceMonitor")["spec"]["endpoints"]] == ["metrics"]
+
+
+def test_gpu_autoscaling_without_a_queue_signal_is_refused(helm_bin, helm_env):
+    """On GPU there is no engine queue to scale on: KEDA with only that trigger, or HPA without a metric, fail at
+    render time and say what to use instead."""
+    keda = template(helm_bin, helm_env, sets=["autoscaling.mode=keda"], check=False)  # engineQueue only
+    assert keda.returncode != 0 and "renders no trigger" in keda.stderr and "activeSlots" in keda.stderr
+    hpa = template(helm_bin, helm_env, sets=["autoscaling.mode=hpa"], check=False)
+    assert hpa.returncode != 0 and "needs autoscaling.hpa.podsMetrics" in hpa.stderr
 
 
 def test_prometheus_rules_record_and_alert(rendered):
@@ -586,14 +611,18 @@ def test_policies(rendered, profile):
         env = {e["name"]: e.get("value") for e in server["env"]}
         assert env["HOME"].startswith("/tmp") and env["HF_HOME"].startswith("/tmp")
 
-    # NetworkPolicy: selects the server pods; serving ports from clients, metrics only from a Prometheus selector.
+    # NetworkPolicy: selects the server pods; serving ports from clients, metrics ports (Triton's, and the front
+    # door's when a monitor scrapes it) only from a Prometheus selector.
     np = one(docs, "NetworkPolicy")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert np["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     ingress = np["spec"]["ingress"]
     serving_ports = {"http", "grpc"} | ({"openai"} if values["openai"]["enabled"] else set())
     serving = next(r for r in ingress if {p["port"] for p in r["ports"]} == serving_ports)
-    metrics = next(r for r in ingress if {p["port"] for p in r["ports"]} == {"metrics"})
+    scraped_front = values["openai"]["enabled"] and (values["metrics"]["serviceMonitor"]["scrapeOpenai"]
+                                                     or values["metrics"]["podMonitor"]["scrapeOpenai"])
+    metrics_ports = {"metrics"} | ({"openai"} if scraped_front else set())
+    metrics = next(r for r in ingress if {p["port"] for p in r["ports"]} == metrics_ports)
     assert serving["from"]
     assert metrics["from"] and all(peer.get("podSelector", {}).get("matchLabels") for peer in metrics["from"])
     if not values["networkPolicy"]["allowSameNamespace"]:
@@ -834,12 +863,14 @@ INVALID = [
     ("build-on-cpu", ["target=cpu", "engineBuild.enabled=true"], "it needs target=gpu"),
     ("build-without-pvc", ["engineBuild.enabled=true"], "set engine.source=pvc"),
     ("keda-no-triggers", ["autoscaling.mode=keda", "autoscaling.keda.triggers.engineQueue.enabled=false"],
-     "every trigger disabled"),
+     "renders no trigger"),
     ("keda-only-value-triggers", ["autoscaling.mode=keda", "autoscaling.keda.triggers.engineQueue.enabled=false",
                                   "autoscaling.keda.triggers.ttft.enabled=true"], "needs at least one AverageValue"),
-    ("keda-gpu-ttft-without-histogram", ["autoscaling.mode=keda", "autoscaling.keda.triggers.ttft.enabled=true"],
+    ("keda-gpu-ttft-without-histogram", ["autoscaling.mode=keda", "autoscaling.keda.triggers.ttft.enabled=true",
+                                         "autoscaling.keda.triggers.activeSlots.enabled=true"],
      "set metrics.histogramLatencies=true"),
-    ("fallback-out-of-range", ["autoscaling.mode=keda", "autoscaling.keda.fallback.replicas=9"],
+    ("fallback-out-of-range", ["autoscaling.mode=keda", "autoscaling.keda.triggers.activeSlots.enabled=true",
+                               "autoscaling.keda.fallback.replicas=9"],
      "autoscaling.keda.fallback.replicas (9) must lie between minReplicas (1) and maxReplicas (4)"),
     ("min-above-max", ["autoscaling.minReplicas=5"], "autoscaling.minReplicas (5) is above autoscaling.maxReplicas (4)"),
     ("pdb-both", ["pdb.minAvailable=1"], "set exactly one of pdb.minAvailable and pdb.maxUnavailable"),

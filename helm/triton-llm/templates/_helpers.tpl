@@ -87,6 +87,17 @@ app.kubernetes.io/part-of: triton-llm
 {{- end -}}
 
 {{/* The image's Python for `-m serving openai` and the project's client: python on CPU, the tool venv on GPU. */}}
+{{/* The front door answers /metrics only with an API key when keys are on: Prometheus sends the chart's secret. */}}
+{{- define "triton-llm.openaiScrapeAuth" -}}
+{{- if .Values.openai.apiKey.enabled -}}
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ include "triton-llm.openaiSecretName" . }}
+    key: {{ .Values.openai.apiKey.existingSecretKey }}
+{{- end -}}
+{{- end -}}
+
 {{- define "triton-llm.projectPython" -}}
 {{- ternary "/opt/venv/bin/python" "python" (eq .Values.target "gpu") -}}
 {{- end -}}
@@ -273,12 +284,14 @@ Render-time checks that a schema cannot express. Each failure says what is wrong
 {{- end -}}
 {{- if eq $v.autoscaling.mode "keda" -}}
 {{- $t := $v.autoscaling.keda.triggers -}}
-{{- if not (or $t.engineQueue.enabled $t.activeSlots.enabled $t.kvCacheOccupancy.enabled $t.ttft.enabled) -}}
-{{- $msg := "\n\nautoscaling.mode=keda with every trigger disabled: enable at least one of autoscaling.keda.triggers.*" -}}
+{{- /* engineQueue renders on target cpu only (keda-scaledobject.yaml: TensorRT-LLM exports no queue beyond its slots). */}}
+{{- $queue := and $t.engineQueue.enabled (ne $v.target "gpu") -}}
+{{- if not (or $queue $t.activeSlots.enabled $t.kvCacheOccupancy.enabled $t.ttft.enabled) -}}
+{{- $msg := "\n\nautoscaling.mode=keda renders no trigger: enable at least one of autoscaling.keda.triggers.*\n(engineQueue exists on target cpu only: TensorRT-LLM's backend exports no queue beyond its batch slots; on gpu use activeSlots, kvCacheOccupancy or ttft)." -}}
 {{- fail $msg -}}
 {{- end -}}
-{{- if not (or $t.engineQueue.enabled $t.activeSlots.enabled) -}}
-{{- $msg := "\n\nautoscaling.keda: the fallback needs at least one AverageValue trigger (engineQueue or activeSlots);\nKEDA rejects a ScaledObject whose only triggers are metricType Value (kvCacheOccupancy, ttft) when a fallback is set." -}}
+{{- if not (or $queue $t.activeSlots.enabled) -}}
+{{- $msg := "\n\nautoscaling.keda: the fallback needs at least one AverageValue trigger (engineQueue on target cpu, or activeSlots);\nKEDA rejects a ScaledObject whose only triggers are metricType Value (kvCacheOccupancy, ttft) when a fallback is set." -}}
 {{- fail $msg -}}
 {{- end -}}
 {{- if and $t.ttft.enabled (eq $v.target "gpu") (not $v.metrics.histogramLatencies) -}}
