@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import jsonschema
 import pytest
@@ -282,6 +283,9 @@ ROWS = 16
 MAX_NEW_TOKENS = 160
 
 
+PROMPT = "Give one example, as a JSON object with the keys {keys}."
+
+
 @pytest.fixture(scope="module")
 def real_engine(real_engine_dir):
     from cpu_engine.engine_dir import load_engine
@@ -290,31 +294,52 @@ def real_engine(real_engine_dir):
 
 
 def test_200_sampled_generations_all_parse_and_validate(real_engine, grammars, tokenizer):
-    """Temperature 0.7, a distinct seed per generation, batches of 16 rows mixing the schemas."""
-    from bench.grammar_bench import decode, prompt_ids
-    from cpu_engine.kv_cache import KVCache
+    """Through the engine (in-flight batching, 16 rows): temperature 0.7, a distinct seed per generation."""
+    from cpu_engine.engine import EngineLimits, LLMEngine
+    from cpu_engine.sampling import SamplingParams
+    from cpu_engine.scheduler import FinishReason, GenerationRequest
 
-    jobs = [(schema, seed) for seed in range(PER_SCHEMA) for schema in SCHEMAS]
-    prompts = {json.dumps(s): prompt_ids(tokenizer, s) for s in SCHEMAS}
-    longest = max(map(len, prompts.values()))
-    cache = KVCache(real_engine.model.args, ROWS, longest + MAX_NEW_TOKENS + 1, real_engine.compute_dtype)
+    requests = []
+    for seed in range(PER_SCHEMA):
+        for n, schema in enumerate(SCHEMAS):
+            messages = [{"role": "user", "content": PROMPT.format(keys=", ".join(schema["properties"]))}]
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            requests.append((schema, GenerationRequest(
+                f"{n}-{seed}", ids, MAX_NEW_TOKENS, SamplingParams(temperature=0.7, top_k=0, seed=seed),
+                end_id=tokenizer.eos_token_id, guide=grammars.compile("json_schema", json.dumps(schema)))))
+    tokens = {r.request_id: [] for _, r in requests}
+    reasons = {}
+    done = threading.Event()
+
+    def on_event(event):
+        if event.token_id is not None:
+            tokens[event.request_id].append(event.token_id)
+        if event.finish_reason is not None:
+            reasons[event.request_id] = event.finish_reason
+            if len(reasons) == len(requests):
+                done.set()
+
+    longest = max(len(r.prompt_ids) for _, r in requests)
+    limits = EngineLimits(max_batch_size=ROWS, max_seq_len=longest + MAX_NEW_TOKENS, max_num_tokens=256,
+                          max_queue_size=len(requests))
+    engine = LLMEngine(real_engine.model, limits, on_event, dtype=real_engine.compute_dtype).start()
+    try:
+        for _, request in requests:
+            engine.submit(request)
+        assert done.wait(600), f"{len(reasons)} of {len(requests)} generations finished in 10 minutes"
+    finally:
+        engine.shutdown(timeout=10)
     texts, failures = [], []
-    with torch.inference_mode():
-        for start in range(0, len(jobs), ROWS):
-            batch = jobs[start:start + ROWS]
-            outputs, ended = decode(real_engine.model, cache, [prompts[json.dumps(s)] for s, _ in batch],
-                                    [grammars.compile("json_schema", json.dumps(s)) for s, _ in batch],
-                                    [start + i for i in range(len(batch))], tokenizer.eos_token_id, MAX_NEW_TOKENS)
-            for (schema, _), ids, done in zip(batch, outputs, ended):
-                text = tokenizer.decode(ids)
-                texts.append(text)
-                try:
-                    document = json.loads(text)
-                except json.JSONDecodeError as error:
-                    failures.append(f"{text!r}: {error}")
-                    continue
-                if not done or not valid(schema, document):
-                    failures.append(f"{text!r}: {'cut at max tokens' if not done else 'does not validate'}")
+    for schema, request in requests:
+        text = tokenizer.decode(tokens[request.request_id])
+        texts.append(text)
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as error:
+            failures.append(f"{text!r} ({reasons[request.request_id].value}): {error}")
+            continue
+        if reasons[request.request_id] != FinishReason.STOP or not valid(schema, document):
+            failures.append(f"{text!r}: does not validate against {json.dumps(schema)}")
     assert len(texts) == 200
     assert not failures, "\n".join(failures)
     assert len(set(texts)) > len(SCHEMAS), "sampling with distinct seeds gave the same outputs"
