@@ -50,6 +50,7 @@ CANCEL_POLL_S = 0.02  # as the CPU engine: how stale a client's cancellation may
 # How long a finished BLS iterator is held: the stub's cleanup of it is one queued IPC message (microseconds to
 # milliseconds); seconds leave it done long before Python releases the iterator (module docstring).
 RETIRE_S = 10.0
+RESTOP_S = 0.5  # a stopped stream still running after this gets its stop again (_watch_cancellation)
 
 
 @dataclass
@@ -59,6 +60,12 @@ class _Inflight:
     sender: object
     client_id: str
     cancelled: bool = False
+    started: bool = False  # its BLS request was sent (a worker took it); before that, ending it needs no stop
+    stopped_at: float = 0.0  # when its last stop was sent: a stop that overtook its request is sent again
+
+
+class _Cancelled(Exception):
+    """A stream cancelled before a worker sent its request."""
 
 
 class TritonPythonModel:
@@ -117,10 +124,14 @@ class TritonPythonModel:
         """Stop one BLS stream with the backend's ``stop`` request (handleStopRequest: it cancels the requests with
         this request id and answers with one empty final response). Triton wants the backend's two required
         inputs even on a stop request."""
-        stream = self._inflight.get(bls_id)
-        if stream is None or stream.cancelled:
-            return
-        stream.cancelled = True
+        with self._inflight_lock:
+            stream = self._inflight.get(bls_id)
+            if stream is None:
+                return
+            stream.cancelled = True
+            if not stream.started:  # still waiting for a worker, which will end it without asking tensorrt_llm
+                return
+            stream.stopped_at = time.monotonic()
         one = np.ones((1, 1), dtype=np.int32)
         stop = pb_utils.InferenceRequest(
             model_name=self.trt_model, request_id=bls_id, requested_output_names=[],
@@ -146,10 +157,15 @@ class TritonPythonModel:
                 gone = [self._to_end.get(timeout=CANCEL_POLL_S)]
             except queue.Empty:
                 gone = []
+            now = time.monotonic()
             with self._inflight_lock:
                 gone += [bls_id for bls_id, stream in self._inflight.items()
                          if not stream.cancelled and stream.sender.is_cancelled()]
-            for bls_id in gone:
+                # A stop sent between a worker marking its stream started and the request reaching tensorrt_llm
+                # finds nothing to stop (the backend ignores it): a stream still running a while later gets another.
+                gone += [bls_id for bls_id, stream in self._inflight.items()
+                         if stream.stopped_at and now - stream.stopped_at > RESTOP_S]
+            for bls_id in dict.fromkeys(gone):
                 try:
                     self._end(bls_id)
                 except Exception as exc:  # noqa: BLE001 - one failed stop must not stop the watch
@@ -208,6 +224,10 @@ class TritonPythonModel:
         stream = self._inflight[bls_id]
         responses = None
         try:
+            with self._inflight_lock:  # cancelled while it waited for this worker: tensorrt_llm never sees it
+                stream.started = not stream.cancelled
+            if not stream.started:
+                raise _Cancelled
             bls = pb_utils.InferenceRequest(model_name=self.trt_model, inputs=inputs, request_id=bls_id,
                                             requested_output_names=wanted)
             responses = bls.exec(decoupled=True)
@@ -226,6 +246,8 @@ class TritonPythonModel:
                     sender.send(self._response(chunk, outputs), flags=0)
             # tensorrt_llm ends the request once, after its last sequence: every sequence ends here.
             finals = [self._response(s.finish(s.reason_without_engine(stream.cancelled)), outputs) for s in sequences]
+        except _Cancelled:
+            finals = [self._response(s.finish("cancelled"), outputs) for s in sequences]
         except Exception as exc:  # noqa: BLE001 - the client must get an answer whatever failed
             finals = [error_response(exc, pb_utils.TritonError.INTERNAL)]
         finally:
