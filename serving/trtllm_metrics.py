@@ -25,17 +25,24 @@ token source does not say which prompt chunk each step ran).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import triton_python_backend_utils as pb_utils
 
 #: custom_metrics_reporter.cc: the buckets of both token-length histograms.
 TOKEN_LEN_BUCKETS = [10.0, 50.0, 100.0, 500.0, 1000.0]
+#: model_instance_state.cc: the stats thread's period when the model sets no ``stats_check_period_ms``.
+STATS_CHECK_PERIOD_S = 0.1
 
 
 class TrtLlmMetrics:
-    """Set from the stand-in's token source after every change (the backend polls the executor every
-    ``stats_check_period_ms``); each changed value is one message to the Triton process, unchanged ones are skipped."""
+    """Like the backend's ``WaitForStats`` thread, a thread of its own reads ``snapshot()`` — (requests holding a
+    batch slot, those of them with no token yet, KV occupancy 0..1) — every ``period_s`` and sets the gauges; each
+    changed value is one message to the Triton process, unchanged ones are skipped."""
 
-    def __init__(self, model_name: str, model_version: str, max_batch_size: int, max_seq_len: int):
+    def __init__(self, model_name: str, model_version: str, max_batch_size: int, max_seq_len: int,
+                 snapshot: Callable[[], tuple[int, int, float]], period_s: float = STATS_CHECK_PERIOD_S):
         labels = {"model": model_name, "version": model_version}
         gauge, histogram = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.HISTOGRAM
         # A MetricFamily must outlive its metrics: every family stays referenced here until close().
@@ -64,6 +71,14 @@ class TrtLlmMetrics:
         # as a block of one token, so used / max is exactly its occupancy.
         self._kv_blocks = max_batch_size * max_seq_len
         self._last: dict[tuple[str, str], float] = {}
+        self._snapshot, self._period_s = snapshot, period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="trtllm-stats", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self._period_s):
+            self.update(*self._snapshot())
 
     def update(self, active: int, prefilling: int, kv_occupancy: float) -> None:
         """``active``: requests holding a batch slot; ``prefilling``: those of them that have no token yet."""
@@ -90,8 +105,11 @@ class TrtLlmMetrics:
                 self._last[key] = value
 
     def close(self) -> None:
-        """Free the metrics, then the families, while the stub can still tell Triton (call from ``finalize``): left
-        to interpreter exit, Triton 2.51's stub aborts in ``MetricFamily::~MetricFamily`` (serving/llm_metrics.py)."""
+        """Stop the thread, then free the metrics and the families while the stub can still tell Triton (call from
+        ``finalize``): left to interpreter exit, Triton 2.51's stub aborts in ``MetricFamily::~MetricFamily``
+        (serving/llm_metrics.py)."""
+        self._stop.set()
+        self._thread.join()
         families = self._families
         vars(self).clear()
         families.clear()

@@ -98,8 +98,8 @@ class TritonPythonModel:
                                   self._events.put, table, int(params.get("standin_cpu_threads", "0")),
                                   float(params["standin_null_step_ms"]) / 1e3)
         # What the real backend exports (nv_trt_llm_*): the chart's GPU queries read these.
-        self.trt_metrics = TrtLlmMetrics(args["model_name"], args["model_version"],
-                                         self.source.limits.max_batch_size, self.source.limits.max_seq_len)
+        self.trt_metrics = TrtLlmMetrics(args["model_name"], args["model_version"], self.source.limits.max_batch_size,
+                                         self.source.limits.max_seq_len, self._trt_stats)
         self.guided_decoding = bool(params["guided_decoding_backend"])
         self.max_input_len = int(params["standin_max_input_len"])
         self.max_seq_len = int(params["standin_max_seq_len"])
@@ -129,7 +129,6 @@ class TritonPythonModel:
                     output_tensors=[], error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INTERNAL)),
                     flags=_FINAL)
         self.metrics.update_gauges(self.source.queued, self.source.active, self.source.kv_occupancy, force=True)
-        self._update_trt_metrics()
         return None
 
     def _stop(self, triton_id: str, sender) -> None:
@@ -238,7 +237,6 @@ class TritonPythonModel:
                                           time.monotonic(), event.num_input_tokens, stream.output_tokens)
             self.metrics.update_gauges(self.source.queued, self.source.active, self.source.kv_occupancy, force=True)
             self.trt_metrics.request_finished(event.num_input_tokens, stream.output_tokens)
-            self._update_trt_metrics()
         # The prompt leads the sequence's first response when it is not excluded (executor OutputConfig
         # excludeInputFromOutput; for streaming this is our reading of the executor, not observed).
         ids, stream.echo[index] = stream.echo[index] + new, []
@@ -257,10 +255,10 @@ class TritonPythonModel:
         except Exception as exc:  # noqa: BLE001 - a client that has gone must not stop the other streams
             pb_utils.Logger.log_error(f"tensorrt_llm stand-in: sending a response failed: {exc}")
 
-    def _update_trt_metrics(self) -> None:
+    def _trt_stats(self) -> tuple[int, int, float]:
+        """(requests in a slot, those of them with no token yet, KV occupancy), read by trt_metrics' own thread."""
         no_token_yet = sum(s.first_token is None for s in list(self._streams.values()))
-        self.trt_metrics.update(self.source.active, max(no_token_yet - self.source.queued, 0),
-                                self.source.kv_occupancy)
+        return self.source.active, max(no_token_yet - self.source.queued, 0), self.source.kv_occupancy
 
     def finalize(self):
         self.source.shutdown(timeout=25)
