@@ -204,8 +204,8 @@ def _report(result: dict, table: str) -> str:
 average {', '.join(map(str, result['load_average']))} at the end: the machine is shared with other sessions, so single
 timings move by tens of percent).
 
-{result['rows']} rows of the same chat prompt on `{result['engine']}`, sampled at temperature {TEMPERATURE}, each guided by
-the JSON schema in grammar.json (`cpu_engine/grammar.py`: an xgrammar matcher per row fills its row of an int32
+{result['rows']} rows of the same chat prompt on `{result['engine']}`, sampled at temperature {TEMPERATURE}, each guided
+by the JSON schema in grammar.json (`cpu_engine/grammar.py`: an xgrammar matcher per row fills its row of an int32
 bitmask, one torch unpack + `masked_fill_` applies the [16, V] mask, each sampled token is accepted by its matcher).
 Paired per step, so load changes hit both sides alike: each step's forward is shared, the same logits are also
 sampled unmasked (the unconstrained step: forward + sampling), and the constrained step is forward + mask + sampling

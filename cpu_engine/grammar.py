@@ -31,6 +31,7 @@ from pathlib import Path
 import jsonschema
 import torch
 import xgrammar as xgr
+from transformers import AutoTokenizer
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 CACHE_SIZE = 128  # compiled guides kept per model (each 14-550 KiB)
@@ -147,8 +148,6 @@ class Grammars:
     ``tokenizer_dir``) over the model's ``vocab_size`` logits (embedding rows, which may exceed the tokenizer's)."""
 
     def __init__(self, tokenizer_dir: str | Path, vocab_size: int, cache_size: int = CACHE_SIZE):
-        from transformers import AutoTokenizer  # heavy, and needed only here
-
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)

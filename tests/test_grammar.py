@@ -17,7 +17,7 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from cpu_engine.grammar import GUIDE_TYPES, Grammars, GuideError, apply_bitmask, new_bitmask
+from cpu_engine.grammar import Grammars, GuideError, apply_bitmask, new_bitmask
 
 VALIDATOR = jsonschema.Draft202012Validator
 
@@ -73,9 +73,9 @@ BOUNDED = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog", 3, N
                                             "name": {"type": "string", "pattern": "^[a-z]{1,6}$"}},
            "required": ["kind", "n", "tags"]}
 PHONE = r"\(?[0-9]{3}\)? [0-9]{3}-[0-9]{4}"
-# A sum of small numbers: its language, as a Python regex, is the oracle.
-SUM_EBNF = 'root ::= term (" + " term)*\nterm ::= [1-9] [0-9]? | "(" root ")"'
-SUM_FLAT = re.compile(r"[1-9][0-9]?( \+ [1-9][0-9]?)*")
+# Sums of small numbers and parenthesised products: its language, as a Python regex, is the oracle.
+SUM_EBNF = 'root ::= term (" + " term)*\nterm ::= num | "(" num (" * " num)* ")"\nnum ::= [1-9] [0-9]?'
+SUM_LANGUAGE = re.compile(r"(?:N|\(N(?: \* N)*\))(?: \+ (?:N|\(N(?: \* N)*\)))*".replace("N", "[1-9][0-9]?"))
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -92,9 +92,7 @@ def test_regex_guide_yields_a_full_match(grammars, tokenizer, seed):
 @pytest.mark.parametrize("seed", range(4))
 def test_ebnf_guide_yields_a_sentence_of_the_grammar(grammars, tokenizer, seed):
     text = greedy_under_mask(grammars, tokenizer, "ebnf_grammar", SUM_EBNF, seed)
-    while "(" in text:  # innermost parentheses hold a flat sum
-        text, n = re.subn(r"\(([^()]*)\)", lambda m: "1" if SUM_FLAT.fullmatch(m[1]) else "x", text)
-    assert SUM_FLAT.fullmatch(text), text
+    assert SUM_LANGUAGE.fullmatch(text), text
 
 
 @pytest.mark.parametrize("text, ok", [('{"a": [1, {"b": null}], "c": "d"}', True), ("[true, 2.5]", True),
@@ -119,6 +117,21 @@ def test_mask_allows_exactly_the_next_tokens_of_the_grammar(grammars, tokenizer)
     texts = {tokenizer.decode([t]) for t in allowed}
     assert texts and all(t and ("yes".startswith(t) or "no".startswith(t)) for t in texts), texts
     assert {"yes", "no"} <= texts
+
+
+@pytest.mark.parametrize("end_id", [None, 0])
+def test_a_complete_output_allows_only_the_stop_token(grammars, tokenizer, end_id):
+    """The request's end_id when given, else the tokenizer's end of sequence; accepting it finishes the matcher."""
+    matcher = grammars.compile("regex", "ab").matcher(end_id)
+    assert all(matcher.accept(t) for t in tokenizer("ab", add_special_tokens=False).input_ids)
+    assert not matcher.finished()
+    bitmask = new_bitmask(1, grammars.vocab_size)
+    matcher.fill(bitmask, 0)
+    logits = torch.zeros(1, grammars.vocab_size)
+    apply_bitmask(logits, bitmask)
+    stop = tokenizer.eos_token_id if end_id is None else end_id
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [stop]
+    assert matcher.accept(stop) and matcher.finished()
 
 
 def test_apply_bitmask_matches_xgrammars_own_kernel(grammars):
@@ -175,13 +188,20 @@ def test_the_same_guide_compiles_once(grammars):
     ("regex", "(abc", "regex: Regex parsing error at position 5: The parenthesis is not closed."),
     ("regex", "(?=a)b", "regex: Regex parsing error at position 3: Lookahead is not supported yet."),
     ("ebnf_grammar", "root ::= foo", 'ebnf_grammar: EBNF parser error at line 1, column 10: Rule "foo" is not defined'),
-    ("ebnf_grammar", 'start ::= "a"', 'ebnf_grammar: EBNF parser error at line 1, column 1: The root rule with name "root" is not found'),
+    ("ebnf_grammar", 'start ::= "a"',
+     'ebnf_grammar: EBNF parser error at line 1, column 1: The root rule with name "root" is not found'),
 ])
 def test_refusal_names_the_problem(grammars, guide_type, guide, message):
     with pytest.raises(GuideError) as error:
         grammars.compile(guide_type, guide)
     assert message in str(error.value)
     assert "/project/cpp" not in str(error.value) and not str(error.value).startswith("[")
+
+
+@pytest.fixture(scope="module")
+def xgrammar_compiler(grammars, tokenizer):
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=grammars.vocab_size)
+    return xgr.GrammarCompiler(info, max_threads=1)
 
 
 # Why those keywords are refused: xgrammar itself compiles each and then takes a document that violates it (the
@@ -197,11 +217,10 @@ def test_refusal_names_the_problem(grammars, guide_type, guide, message):
     ({"type": "number", "multipleOf": 0.5}, "0.3"),
     ({"type": "string", "format": "regex"}, '"("'),
 ])
-def test_xgrammar_alone_lets_a_violation_of_each_refused_keyword_through(grammars, tokenizer, schema, document):
+def test_xgrammar_alone_lets_a_violation_of_each_refused_keyword_through(grammars, xgrammar_compiler, schema,
+                                                                        document):
     assert not valid(schema, json.loads(document))
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=grammars.vocab_size)
-    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_json_schema(json.dumps(schema), any_whitespace=False,
-                                                                           strict_mode=True)
+    compiled = xgrammar_compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
     matcher = xgr.GrammarMatcher(compiled)
     assert matcher.accept_string(document) and matcher.is_completed()
     with pytest.raises(GuideError):
@@ -220,7 +239,8 @@ ENFORCED_CASES = [
     ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False},
      ['{"x": 1}', '{"x1": "s"}', '{"y": 1}']),
     ({"type": "object", "propertyNames": {"maxLength": 2}}, ['{"ab": 1}', '{"abc": 1}']),
-    ({"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2}, ['["a"]', "[]", '["a", "b", "c"]', "[1]"]),
+    ({"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2},
+     ['["a"]', "[]", '["a", "b", "c"]', "[1]"]),
     ({"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "string"}}, ['[1, "a"]', "[1, 2]"]),
     ({"enum": ["a", 1, None, True]}, ['"a"', "1", "null", "true", '"b"', "2", "false"]),
     ({"const": "x"}, ['"x"', '"y"']),
