@@ -1,7 +1,7 @@
 """A real Prometheus (Debian's 2.42 .deb, pinned by sha256: scripts/prometheus-tools.sh) scraping the test servers,
 for the chart's queries to run unchanged (tests/test_prometheus.py, scripts/autoscaling_plot.py).
 
-In Kubernetes the chart's ServiceMonitor (port ``metrics``) / PodMonitor make the Prometheus Operator add
+In Kubernetes the chart's ServiceMonitor / PodMonitor (ports ``metrics``, ``openai``) make the Prometheus Operator add
 ``namespace``, ``pod``, ``service``, ``endpoint``, ``container`` and ``job`` to every series; a static scrape
 config with the same labels reproduces that, so a query rendered for release ``llm`` in namespace ``serving``
 (``pod=~"llm-triton-llm-[a-z0-9]{5,10}-[a-z0-9]{5}"``) selects the test server's series as it would the pod's.
@@ -52,6 +52,29 @@ class Target:
     url: str  # http://host:port/path
     labels: dict[str, str]
     job: str = FULLNAME
+    bearer: str = ""  # the API key Prometheus sends (a monitor endpoint's `authorization` credentials)
+
+
+def scrape_targets(docs: list[dict], servers: dict[str, str], secrets: dict[str, str]) -> list[Target]:
+    """The rendered ServiceMonitor's endpoints as scrape targets: each endpoint's named port is served here by
+    ``servers[port]`` (``http://host:port``), scraped at the endpoint's path with the labels of the container that
+    declares that port in the rendered Deployment, sending ``secrets[<secret name>]`` where the endpoint names a
+    bearer credential. A port the chart does not scrape is not scraped here either."""
+    (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    owner = {p["name"]: c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]
+             for p in c.get("ports", [])}
+    targets = []
+    for endpoint in monitor["spec"]["endpoints"]:
+        port = endpoint["port"]
+        if port not in servers:
+            raise KeyError(f"the ServiceMonitor scrapes port {port!r}; the test servers provide {sorted(servers)}")
+        base = urllib.parse.urlsplit(servers[port])
+        credentials = endpoint.get("authorization", {}).get("credentials")
+        targets.append(Target(f"{base.scheme}://{base.netloc}{endpoint.get('path', '/metrics')}",
+                              pod_labels(owner[port], port),
+                              bearer=secrets[credentials["name"]] if credentials else ""))
+    return targets
 
 
 def rule_groups(prometheus_rule: dict) -> dict:
@@ -75,14 +98,14 @@ class Prometheus:
         return f"http://127.0.0.1:{self.port}"
 
     def config(self) -> dict:
-        jobs: dict[str, list[Target]] = {}
+        jobs: dict[tuple[str, str, str], list[Target]] = {}
         for t in self.targets:
-            jobs.setdefault(t.job + "|" + urllib.parse.urlsplit(t.url).path, []).append(t)
+            jobs.setdefault((t.job, urllib.parse.urlsplit(t.url).path, t.bearer), []).append(t)
         scrape = []
-        for i, (key, ts) in enumerate(jobs.items()):
-            job, path = key.split("|", 1)
+        for i, ((job, path, bearer), ts) in enumerate(jobs.items()):
             scrape.append({"job_name": job if i == 0 else f"{job}-{i}", "metrics_path": path,
                            "scrape_interval": self.scrape_interval, "scrape_timeout": self.scrape_interval,
+                           **({"authorization": {"type": "Bearer", "credentials": bearer}} if bearer else {}),
                            "static_configs": [{"targets": [urllib.parse.urlsplit(t.url).netloc],
                                                "labels": {**t.labels, "job": job}} for t in ts]})
         return {"global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.evaluation_interval},

@@ -3,15 +3,21 @@
 Offline, for every values profile that renders them: `promtool check rules` on the PrometheusRule's groups, and
 `promtool test rules` unit tests that make every alert fire on synthetic series and stay quiet on healthy ones.
 
-Live (one module-scoped run, ~2 min): Prometheus (scripts/prometheus-tools.sh) scrapes the session tritonserver and
-an OpenAI front door with the labels the ServiceMonitor's relabelling gives them in Kubernetes
-(tests/prometheus_harness.py), loads the rules of the CPU profile rendered with KEDA (every trigger on, thresholds
-sized to the test engine's 8 slots, alert `for:` 10 s); then 32 concurrent streams (8 slots + 24 queued) for 45 s:
+Live, once per target (one module-scoped run each, ~1.5 min): Prometheus (scripts/prometheus-tools.sh) scrapes a
+tritonserver and an OpenAI front door through the scrape endpoints the rendered ServiceMonitor declares, with the
+labels its relabelling gives them in Kubernetes (tests/prometheus_harness.py), and loads the rendered rules; then
+32 concurrent streams (8 slots + 24 queued) for 30 s.
+- cpu: the CPU profile rendered with KEDA (every trigger on) against the session server (CPU layout);
+- gpu: the GPU profile ci/keda-autoscaling (every trigger on) against the GPU layout with the ``tensorrt_llm``
+  stand-in over the same CPU engine, which exports TensorRT-LLM's own metric families (serving/trtllm_metrics.py),
+  started with the container's metrics flags from the rendered Deployment.
+Thresholds are sized to the test engine's 8 slots, alert `for:` 10 s. Checked for each:
 - every KEDA query, HPA metric, recording rule, alert expression and dashboard expression parses, KEDA's return
-  exactly one series, and each returns data once traffic has flowed;
+  exactly one series, and each returns data once traffic has flowed (but the series only a GPU node or
+  kube-state-metrics has: NOT_FROM_THE_SERVER);
 - each trigger crosses its threshold under the overload and falls back below it after the load stops;
-- TritonLLMQueueBacklog goes pending, then firing.
-The run's series are kept in build/prometheus/overload-run.json (scripts/autoscaling_plot.py draws them).
+- cpu: TritonLLMQueueBacklog goes pending, then firing.
+The runs' series are kept in build/prometheus/overload-run[-gpu].json (scripts/autoscaling_plot.py draws the cpu one).
 """
 
 from __future__ import annotations
@@ -21,13 +27,14 @@ import json
 import re
 import threading
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.prometheus_harness import (FULLNAME, NAMESPACE, POD, RELEASE, ROOT, Prometheus, Target, finite,
-                                      pod_labels, promtool, rule_groups, tools)
+from tests.prometheus_harness import (FULLNAME, NAMESPACE, POD, RELEASE, ROOT, Prometheus, finite, pod_labels,
+                                      promtool, rule_groups, scrape_targets, tools)
 
 CHART = ROOT / "helm" / "triton-llm"
 CRD_APIS = ["monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PodMonitor",
@@ -38,8 +45,9 @@ SLOTS = 8  # tests/stack.py TEST_LIMITS max_batch_size; the engine queue holds 3
 STREAMS = 32  # 8 in slots + 24 waiting: overload without rejections
 LOAD_S = 45.0
 MAX_TOKENS = 96
-# The live profile: the CPU values with KEDA and every trigger on, thresholds for one test pod of 8 slots,
-# alerts that hold 10 s instead of 10 min, rules evaluated every 2 s.
+# The live profiles: KEDA with every trigger on, thresholds for one test pod of 8 slots, alerts that hold 10 s
+# instead of 10 min, rules evaluated every 2 s. The GPU render has no engine-queue trigger (helm/triton-llm
+# keda-scaledobject.yaml: TensorRT-LLM's backend exports no backlog beyond its batch slots).
 LIVE_VALUES = {
     "autoscaling": {"mode": "keda", "keda": {"triggers": {
         "engineQueue": {"enabled": True, "thresholdPerReplica": "4"},
@@ -48,9 +56,31 @@ LIVE_VALUES = {
         "ttft": {"enabled": True, "thresholdSeconds": "0.3"}}}},
     "metrics": {"prometheusRule": {"for": "10s", "interval": "2s"}},
 }
-RUN_JSON = ROOT / "build" / "prometheus" / "overload-run.json"
-# Series no test server exports: kube-state-metrics (pod restarts) — covered by the promtool unit tests instead.
-NOT_FROM_THE_SERVER = ("kube_pod_container_status_restarts_total",)
+#: target -> (values profile, server layout, values over LIVE_VALUES, the KEDA triggers that renders)
+LIVE = {"cpu": ("cpu", "cpu", {}, {"engine-queue", "active-slots", "kv-cache-occupancy", "ttft"}),
+        # ttft off: it reads Triton's first-response histogram, which this Triton (2.51) does not export
+        # (FIRST_RESPONSE_ON_GPU_ONLY).
+        "gpu": ("keda-autoscaling", "trtllm-standin",
+                {"autoscaling": {"keda": {"triggers": {"ttft": {"enabled": False}}}}},
+                {"active-slots", "kv-cache-occupancy"})}
+# GPU has no HPA default (helm/triton-llm hpa.yaml): busy slots, as the docs suggest.
+HPA_GPU_METRICS = [{"name": "nv_trt_llm_request_metrics", "averageValue": "6",
+                    "matchLabels": {"request_type": "scheduled"}}]
+# Series no test server exports: kube-state-metrics (pod restarts; the promtool unit tests cover that alert), and
+# what only a GPU node has — Triton's GPU metrics (NVML) and the DCGM exporter's.
+NOT_FROM_THE_SERVER = ("kube_pod_container_status_restarts_total", "nv_gpu_utilization", "nv_gpu_memory_used_bytes",
+                       "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED")
+# The GPU profiles' time to first token: Triton's own histogram (metrics.histogramLatencies). The 2.51 tritonserver
+# of the pytriton wheel registers no such family with --metrics-config=histogram_latencies=true (checked: none on its
+# metrics port after traffic through the GPU layout); the pinned 26.07 server's own tests read it for ensembles.
+FIRST_RESPONSE_ON_GPU_ONLY = "nv_inference_first_response_histogram_ms"
+
+
+SCRAPE_KEY = "prometheus-test-key"
+
+
+def run_json(target: str) -> Path:
+    return ROOT / "build" / "prometheus" / ("overload-run.json" if target == "cpu" else f"overload-run-{target}.json")
 
 
 # ------------------------------------------------------------------------------------------- render
@@ -252,14 +282,47 @@ class Run:
         self.outcomes: dict[str, int] = {}
 
 
-@pytest.fixture(scope="module")
-def live(triton, helm_tools, prom_tools, tmp_path_factory):
+@pytest.fixture(scope="module", params=sorted(LIVE))
+def live(request, triton, helm_tools, prom_tools, tmp_path_factory, test_profile):
+    target = request.param
+    profile, layout, overrides, _ = LIVE[target]
+    tmp = tmp_path_factory.mktemp(f"prometheus-{target}")
+    keda_docs = render(helm_tools, tmp, profile, _merged(LIVE_VALUES, overrides))
+    hpa = {"cpuUtilization": 80, **({"podsMetrics": HPA_GPU_METRICS} if target == "gpu" else {})}
+    hpa_docs = render(helm_tools, tmp, profile, {"autoscaling": {"mode": "hpa", "hpa": hpa}})
+    with ExitStack() as stack:
+        server = triton if layout == triton.layout else stack.enter_context(
+            _layout_server(layout, test_profile, keda_docs, tmp))
+        yield _overload_run(target, server, keda_docs, hpa_docs, prom_tools, tmp)
+
+
+def _merged(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(base.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+@contextmanager
+def _layout_server(layout: str, test_profile, docs: list[dict], tmp: Path):
+    """A tritonserver over the session engine in ``layout``, with the metrics flags of the rendered container."""
+    from serving.launcher import ServerConfig, TritonServer
+    from tests.stack import render_layout
+
+    (container,) = [c for c in kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+                    if c["name"] == "triton"]
+    flags = [a for a in container.get("command", []) + container.get("args", []) if a.startswith("--metrics-config")]
+    repo = render_layout(layout, test_profile, tmp / "model_repository")
+    config = ServerConfig(model_repository=repo, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_secs=10,
+                          log_file=tmp / "tritonserver.log", extra_args=flags)
+    with TritonServer(config, ready_timeout=240) as server:
+        yield server
+
+
+def _overload_run(target: str, triton, keda_docs: list[dict], hpa_docs: list[dict], prom_tools, tmp: Path) -> "Run":
     from tests.openai_front import FrontDoorProcess
     from tests.reliability.relkit import closed_loop
 
-    tmp = tmp_path_factory.mktemp("prometheus")
-    keda_docs = render(helm_tools, tmp, "cpu", LIVE_VALUES)
-    hpa_docs = render(helm_tools, tmp, "cpu", {"autoscaling": {"mode": "hpa", "hpa": {"cpuUtilization": 80}}})
     queries = rendered_queries(keda_docs)
     queries["hpa"] = rendered_queries(hpa_docs)["hpa"]
     # The recording rules' outputs, as the alerts read them.
@@ -270,20 +333,20 @@ def live(triton, helm_tools, prom_tools, tmp_path_factory):
     rules = tmp / "rules.yaml"
     rules.write_text(yaml.safe_dump(rule_groups(kind(keda_docs, "PrometheusRule"))))
 
-    front = FrontDoorProcess(triton.urls.grpc)
-    metrics_url = triton.urls.metrics.replace("localhost", "127.0.0.1")
-    prom = Prometheus(tmp, [Target(metrics_url, pod_labels("triton", "metrics")),
-                            Target(front.url + "/metrics", pod_labels("openai", "openai"))],
-                      rule_files=[rules], binary=prom_tools["prometheus"])
+    # The front door with an API key, as the chart runs it: the rendered endpoint must send it to be scraped.
+    front = FrontDoorProcess(triton.urls.grpc, api_keys=SCRAPE_KEY)
+    servers = {"metrics": triton.urls.metrics.replace("localhost", "127.0.0.1"), "openai": front.url}
+    secret = f"{FULLNAME}-openai-api-key"
+    prom = Prometheus(tmp, scrape_targets(keda_docs, servers, {secret: SCRAPE_KEY}), rule_files=[rules],
+                      binary=prom_tools["prometheus"])
     run = Run()
-    run.queries, run.triggers = queries, triggers
+    run.target, run.queries, run.triggers = target, queries, triggers
     try:
         prom.start()
         prom.wait_for_data(f'up{{namespace="{NAMESPACE}",container="openai"}} == 1')
         run.front_series = prom.query(f'count({{namespace="{NAMESPACE}",pod="{POD}",container="openai"}})')
-        prom.wait_for_data(f'llm_engine_queued_requests{{namespace="{NAMESPACE}",pod="{POD}"}}')
         # rate() needs two scrapes in its window: give a fresh Prometheus a few before judging "before traffic".
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not all(len(prom.query(q)["data"]["result"]) == 1
                                                       for q in queries["keda"].values()):
             time.sleep(0.5)
@@ -317,7 +380,7 @@ def live(triton, helm_tools, prom_tools, tmp_path_factory):
             time.sleep(1.0)
         t2 = time.time()
         _save(prom, run, triggers, t0, t1, t2)
-        yield run
+        return run
     finally:
         prom.stop()
         front.stop()
@@ -351,16 +414,18 @@ def _save(prom, run, triggers, t0, t1, t2):
     for r in prom.series('ALERTS{alertname=~"TritonLLM.*"}', start, end, 1.0):
         key = f'{r["metric"]["alertname"]} {r["metric"]["alertstate"]}'
         data["alerts"][key] = [float(t) for t, _ in r["values"]]
-    RUN_JSON.parent.mkdir(parents=True, exist_ok=True)
-    RUN_JSON.write_text(json.dumps(data, indent=1))
+    out = run_json(run.target)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1))
 
 
 def _needs_server_data(expr: str) -> bool:
-    return not any(m in expr for m in NOT_FROM_THE_SERVER) and not expr.startswith("absent(")
+    return (not any(m in expr for m in (*NOT_FROM_THE_SERVER, FIRST_RESPONSE_ON_GPU_ONLY))
+            and not expr.startswith("absent("))
 
 
 def test_every_rendered_query_parses(live):
-    assert set(live.queries["keda"]) == {"engine-queue", "active-slots", "kv-cache-occupancy", "ttft"}
+    assert set(live.queries["keda"]) == LIVE[live.target][3]
     assert live.queries["hpa"] and live.queries["record"] and live.queries["alert"] and live.queries["panel"]
     bad = {q: a for q, a in live.before.items() if a["status"] != "success"}
     assert not bad, json.dumps(bad, indent=1)
@@ -383,16 +448,19 @@ def test_every_query_returns_data_after_traffic(live):
                 # reads must exist; TritonLLMQueueBacklog fires for real below.
                 for record in re.findall(r"triton_llm:[a-z0-9_]+", q):
                     assert record in live.queries["recorded"], f"{name} reads {record}, which no rule records"
-                    if not live.during[live.queries["recorded"][record]]["data"]["result"]:
+                    if (_needs_server_data(live.queries["record"][record])
+                            and not live.during[live.queries["recorded"][record]]["data"]["result"]):
                         empty[f"{kind_} {name} ({record})"] = q
                 continue
-            if _needs_server_data(q) and not live.during[q]["data"]["result"]:
+            source = live.queries["record"][name] if kind_ == "recorded" else q  # what the recorded series reads
+            if _needs_server_data(source) and not live.during[q]["data"]["result"]:
                 empty[f"{kind_} {name}"] = q
     assert not empty, "no data under load:\n" + "\n".join(f"{k}: {v}" for k, v in empty.items())
 
 
 def test_front_door_is_scraped_with_the_pod_labels(live):
-    """The OpenAI front door's own /metrics, scraped as the pod's `openai` port would be (no chart query reads it)."""
+    """The OpenAI front door's own /metrics, scraped through the rendered ServiceMonitor's `openai` endpoint with its
+    API key (no chart query reads it)."""
     result = live.front_series["data"]["result"]
     assert result and float(result[0]["value"][1]) >= 1, live.front_series
 
@@ -413,6 +481,9 @@ def test_each_trigger_falls_back_after_the_load(live):
 
 
 def test_queue_alert_goes_pending_then_firing(live):
+    if live.target == "gpu":
+        pytest.skip("on GPU the backlog alert reads TensorRT-LLM's request_type=\"waiting\": requests in a slot the KV "
+                    "cache holds back, never the queue beyond the slots; the CPU engine's cache never holds one back")
     states = [s for _, s in live.alert_states]
     assert "pending" in states and "firing" in states, live.alert_states
     assert states.index("pending") < states.index("firing"), live.alert_states
