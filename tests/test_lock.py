@@ -215,6 +215,17 @@ def test_locks_satisfy_pyproject_and_requirements_server():
                     pytrace=False)
 
 
+def test_excluded_requirements_stay_out_and_count_as_an_input(monkeypatch):
+    """xgrammar's triton requirement (CUDA kernels only) is left out of the resolution; changing what is left out
+    makes the locks stale like a pin change."""
+    for name in ALL_LOCKS:
+        assert not set(map(canonicalize_name, LOCK_PY.EXCLUDED)) & parse_lock(ROOT / name).entries.keys(), name
+    assert "xgrammar" in parse_lock(ROOT / "requirements.lock").entries
+    digest = LOCK_PY.inputs_digest(ROOT)
+    monkeypatch.setattr(LOCK_PY, "EXCLUDED", ())
+    assert LOCK_PY.inputs_digest(ROOT) != digest
+
+
 def test_gpu_lock_uses_the_main_lock_versions():
     main, gpu = parse_lock(ROOT / "requirements.lock").entries, parse_lock(ROOT / "requirements-gpu.lock").entries
     problems = [f"{n}: requirements-gpu.lock {e.version}, requirements.lock {main[n].version if n in main else '-'}"
