@@ -11,8 +11,9 @@ TensorRT-LLM's ``guided_decoding_guide_type`` / ``guided_decoding_guide`` with t
 - ``ebnf_grammar``: the whole output derives from the GBNF grammar's ``root`` rule.
 
 JSON comes out the way ``json.dumps`` writes it (``", "`` and ``": "``, no other whitespace): TensorRT-LLM lets any
-whitespace through, which lets a model loop on newlines forever. Objects are strict (xgrammar's ``strict_mode``, as
-in TensorRT-LLM): no property the schema does not declare, unless ``additionalProperties`` allows it.
+whitespace through, which lets a model loop on newlines forever. Schemas compile in xgrammar's ``strict_mode`` (as in
+TensorRT-LLM): an object schema that declares properties gets no others unless ``additionalProperties`` allows them.
+Patterns match the whole string. Both only narrow what comes out; it still validates.
 
 Per model: :class:`Grammars` (tokenizer and vocabulary once, compiled guides LRU-cached). Per sequence: a
 :class:`Matcher` from :meth:`CompiledGuide.matcher`. Per step: :func:`new_bitmask` once, :meth:`Matcher.fill` for
@@ -35,13 +36,14 @@ from transformers import AutoTokenizer
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 CACHE_SIZE = 128  # compiled guides kept per model (each 14-550 KiB)
-# xgrammar's default with any_whitespace=False is already json.dumps's; written out because the tests and the
-# front door rely on it.
+# xgrammar's default without any_whitespace is already json.dumps's; written out so that what clients get cannot
+# move with a later default.
 SEPARATORS = (", ", ": ")
 
 SCHEMA_VALIDATOR = jsonschema.Draft202012Validator
-# Keywords that constrain a document (every draft jsonschema knows) and xgrammar 0.2.9 compiles without enforcing,
-# each checked with a document that violates it (tests/test_grammar.py); unknown keys constrain nothing anywhere.
+# The keywords that constrain a document in the drafts jsonschema knows (unknown keys constrain nothing anywhere).
+# ENFORCED: those xgrammar 0.2.9 enforces (tests/test_grammar.py tries a violating document for each), some only in
+# the forms _unenforced lets through; every other one is refused by name (the test shows xgrammar ignoring several).
 _VOCABULARY = {*jsonschema.Draft202012Validator.VALIDATORS, *jsonschema.Draft201909Validator.VALIDATORS,
                *jsonschema.Draft7Validator.VALIDATORS, "then", "else", "minContains", "maxContains"}
 ENFORCED = {"type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
