@@ -178,7 +178,9 @@ so a query returns one series however many replicas there are.
 the llm model is decoupled on both targets, its execute() only enqueues, so that queue is always empty (issue 20). */}}
 {{- if $gpu }}
 {{- /* TensorRT-LLM's C++ backend (triton_backend/inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc):
-waiting = active - scheduled requests, scheduled = requests in this iteration's batch, fraction = used / max KV blocks. */}}
+waiting = active - scheduled requests, scheduled = requests in this iteration's batch, fraction = used / max KV blocks
+(model_instance_state.cc WaitForStats). waiting is what the KV cache holds back in the slots, not the executor's queue
+beyond them (not exported): on GPU engineQueued feeds the backlog alert and panel only, never autoscaling. */}}
 engineQueued: {{ printf "sum(%s{%s,request_type=\"waiting\"})" $n.trtllmRequests $s | squote }}
 activeSlots: {{ printf "sum(%s{%s,request_type=\"scheduled\"})" $n.trtllmRequests $s | squote }}
 kvCacheOccupancy: {{ printf "avg(%s{%s,kv_cache_block_type=\"fraction\"})" $n.trtllmKvCacheBlocks $s | squote }}
