@@ -2,7 +2,8 @@
 
     python -m bench.sampling_bench             # build/engines/smollm2-fp32 if it exists, else a tiny random engine
 
-Two figures per mode:
+Per mode, in CPU milliseconds of the thread doing the work (torch on 1 thread by default, so other processes on a
+shared machine inflate them far less than wall time; wall figures are in the JSON):
 - ``step_ms``: a whole engine step (model + sampling) with 16 requests decoding together: the median gap
   between a request's consecutive tokens once all 16 decode (in-process LLMEngine, no serving);
 - ``sample_ms``: the token choice alone (the engine's sampling path and log-prob table) on fixed [16, V] logits.
@@ -51,13 +52,14 @@ def mode_requests(mode: str, prompts: list[list[int]], new_tokens: int) -> list[
     return requests
 
 
-def step_ms(loaded, prompts: list[list[int]], mode: str, new_tokens: int) -> float:
-    stamps: dict[str, list[float]] = {}
+def step_ms(loaded, prompts: list[list[int]], mode: str, new_tokens: int) -> tuple[float, float]:
+    """(CPU, wall) ms per step. Events come on the engine thread, so thread_time() there is the engine's CPU."""
+    stamps: dict[str, list[tuple[float, float]]] = {}
     done = threading.Event()
     finished = set()
 
     def on_event(event):
-        stamps.setdefault(event.request_id, []).append(time.perf_counter())
+        stamps.setdefault(event.request_id, []).append((time.thread_time(), time.perf_counter()))
         if event.finish_reason is not None:
             finished.add(event.request_id)
             if len(finished) == ROWS:
@@ -72,8 +74,8 @@ def step_ms(loaded, prompts: list[list[int]], mode: str, new_tokens: int) -> flo
     done.wait()
     engine.shutdown(10)
     # Skip the first 8 tokens: prompts are still being prefilled around them.
-    gaps = [b - a for times in stamps.values() for a, b in zip(times[8:], times[9:])]
-    return 1000 * statistics.median(gaps)
+    gaps = [(b[0] - a[0], b[1] - a[1]) for times in stamps.values() for a, b in zip(times[8:], times[9:])]
+    return 1000 * statistics.median(g[0] for g in gaps), 1000 * statistics.median(g[1] for g in gaps)
 
 
 def sample_ms(vocab: int, prompts: list[list[int]], mode: str, reps: int) -> float:
@@ -87,12 +89,12 @@ def sample_ms(vocab: int, prompts: list[list[int]], mode: str, reps: int) -> flo
     times = []
     for _ in range(reps):
         x = logits.clone()
-        start = time.perf_counter()
+        start = time.thread_time()
         table = LogProbTable(x, asked, [requests[i].top_logprobs for i in asked]) if asked else None
         tokens = sample(x, samplers, list(range(ROWS)), counts)
         if table:
             table.pick(tokens)
-        times.append(time.perf_counter() - start)
+        times.append(time.thread_time() - start)
     return 1000 * statistics.median(times)
 
 
@@ -105,11 +107,37 @@ def tiny_engine(work: Path) -> Path:
         max_batch_size=ROWS, max_input_len=192, max_seq_len=256, max_num_tokens=256))
 
 
+def render(record: dict) -> str:
+    rows = {r["mode"]: r for r in record["results"]}
+    table = ["| mode | step CPU ms | × greedy | step wall ms | sampling only, CPU ms |", "|---|---|---|---|---|"]
+    table += [f"| {r['mode']} | {r['step_ms']:.2f} | {r['vs_greedy']:.3f} | {r['step_wall_ms']:.2f} | "
+              f"{r['sample_ms']:.3f} |" for r in rows.values()]
+    greedy = rows["greedy"]
+    ratio = rows["greedy+penalties"]["vs_greedy"]
+    # Whole steps wander by tens of percent on a shared machine; the sampling-only difference is steadier.
+    added = rows["greedy+penalties"]["sample_ms"] - greedy["sample_ms"]
+    share = added / greedy["step_ms"]
+    verdict = "met" if max(ratio - 1, share) <= 0.10 else "missed (or noise: see the step ratio)"
+    return "\n".join([
+        f"# Request features per decode step, {record['rows']} rows", "",
+        f"`{record['command']}` on `{record['engine']}` (vocab {record['vocab_size']}), {record['threads']} torch "
+        f"thread(s), prompts of {record['prompt_tokens']} tokens, {record['new_tokens']} new tokens per request. "
+        f"Load average {' '.join(record['loadavg_before'])} before, {' '.join(record['loadavg_after'])} after, on 2 "
+        "cores shared with other sessions: wall times are noise, and CPU times still move by tens of percent "
+        "(cache and memory-bandwidth contention); the sampling-only column (median of repeated runs on fixed "
+        "random logits) is the steadiest.", "",
+        *table, "",
+        f"Goal: 16 rows with different penalties cost ≤ 1.10 × greedy per step — {verdict}: whole steps "
+        f"{ratio:.3f}×; the penalties add {added:.2f} ms CPU to the token choice, {100 * share:.1f} % of a greedy "
+        f"step. Sampling (temperature, top_p 0.95, min_p on half the rows) costs "
+        f"{rows['sampling']['sample_ms']:.1f} ms on these flat random logits, most of it ranking the nucleus.", ""])
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.sampling_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine", type=Path, help=f"engine directory (default {REAL_ENGINE} if built, else tiny)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU time is the work's own)")
     p.add_argument("--prompt-tokens", type=int, default=48)
     p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--reps", type=int, default=50, help="repetitions of the sampling-only timing")
@@ -127,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with torch.inference_mode():
         for mode in MODES:
-            rows.append({"mode": mode, "step_ms": round(step_ms(loaded, prompts, mode, opts.new_tokens), 2),
+            cpu, wall = step_ms(loaded, prompts, mode, opts.new_tokens)
+            rows.append({"mode": mode, "step_ms": round(cpu, 2), "step_wall_ms": round(wall, 2),
                          "sample_ms": round(sample_ms(vocab, prompts, mode, opts.reps), 3)})
             print(rows[-1], flush=True)
     load_after = Path("/proc/loadavg").read_text().split()[:3]
@@ -138,22 +167,11 @@ def main(argv: list[str] | None = None) -> None:
     record = {"engine": str(Path(engine_dir).name), "vocab_size": vocab, "rows": ROWS, "threads": opts.threads,
               "prompt_tokens": opts.prompt_tokens, "new_tokens": opts.new_tokens, "loadavg_before": load_before,
               "loadavg_after": load_after, "command": command, "results": rows}
-    table = ["| mode | step ms | × greedy | sampling only ms |", "|---|---|---|---|"]
-    table += [f"| {r['mode']} | {r['step_ms']:.2f} | {r['vs_greedy']:.3f} | {r['sample_ms']:.3f} |" for r in rows]
-    penalties = rows[MODES.index("greedy+penalties")]["vs_greedy"]
-    verdict = "met" if penalties <= 1.10 else "missed"
-    sampled = rows[MODES.index("sampling+penalties")]["step_ms"] / rows[MODES.index("sampling")]["step_ms"]
-    md = [f"# Request features per decode step, {ROWS} rows", "",
-          f"`{command}` on `{record['engine']}` (vocab {vocab}), {opts.threads} threads, prompts of "
-          f"{opts.prompt_tokens} tokens, {opts.new_tokens} new tokens per request. Load average "
-          f"{' '.join(load_before)} before, {' '.join(load_after)} after: a shared machine, so ±30 % noise.", "",
-          *table, "",
-          f"Goal: 16 rows with different penalties ≤ 1.10 × greedy per step — {verdict} ({penalties:.3f}×); "
-          f"with sampling, penalties + min_p cost {sampled:.3f}× sampling alone.", ""]
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     (opts.out_dir / "sampling.json").write_text(json.dumps(record, indent=2) + "\n")
-    (opts.out_dir / "sampling.md").write_text("\n".join(md))
-    print("\n".join(md))
+    md = render(record)
+    (opts.out_dir / "sampling.md").write_text(md)
+    print(md)
 
 
 if __name__ == "__main__":
