@@ -78,9 +78,9 @@ class TrtLlmMetrics:
 
     def _poll(self) -> None:
         while not self._stop.wait(self._period_s):
-            self.update(*self._snapshot())
+            self._update(*self._snapshot())
 
-    def update(self, active: int, prefilling: int, kv_occupancy: float) -> None:
+    def _update(self, active: int, prefilling: int, kv_occupancy: float) -> None:
         """``active``: requests holding a batch slot; ``prefilling``: those of them that have no token yet."""
         used = round(kv_occupancy * self._kv_blocks)
         # Every slot steps in every iteration of the CPU engine and its cache holds max_seq_len for each slot, so
