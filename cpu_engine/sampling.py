@@ -123,10 +123,17 @@ def filtered_probs(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
             floor[short] /= 10
         else:
             floor[short] = 0.0
-        ranked, order = torch.topk(p, int((p >= floor).sum(-1).max()), dim=-1)
+        # Rank all rows' candidates in one sort: key 2·row − p keeps rows apart, most probable first within each.
+        rows, tokens = (p >= floor).nonzero(as_tuple=True)
+        mass = p[rows, tokens].double()
+        order = torch.argsort(2 * rows - mass)
+        rows, tokens, mass = rows[order], tokens[order], mass[order]
+        above = torch.cumsum(mass, 0) - mass  # mass ranked above each candidate, across rows so far
+        sizes = torch.bincount(rows, minlength=len(p))
+        above -= above[torch.cumsum(sizes, 0) - sizes][rows]  # ... minus the mass of the rows before
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        drop = (torch.cumsum(ranked, -1) - ranked) >= nucleus[:, None]
-        probs[cut] = torch.zeros_like(p).scatter_(1, order, ranked.masked_fill(drop, 0.0))
+        kept = above < nucleus[rows]
+        probs[cut] = torch.zeros_like(p).index_put_((rows[kept], tokens[kept]), mass[kept].float())
     return probs
 
 
