@@ -230,6 +230,9 @@ def test_top_logprobs_are_refused_on_the_gpu_layout(sdk, triton):
     with pytest.raises(openai.BadRequestError) as refused:
         sdk.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, logprobs=True, top_logprobs=2)
     assert refused.value.param == "top_logprobs" and "top_logprobs" in refused.value.message
+    with pytest.raises(openai.BadRequestError) as legacy:  # the legacy endpoint's name for it
+        sdk.completions.create(model=MODEL, prompt="x", max_tokens=4, logprobs=2)
+    assert legacy.value.param == "logprobs" and "top_logprobs" in legacy.value.message
 
 
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "colour", "schema": SCHEMA, "strict": True}}

@@ -9,6 +9,8 @@ cpu_engine/engine.py, serving/drain.py and Triton's own queue policy; tests/test
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -95,8 +97,9 @@ def from_validation(exc: ValidationError) -> OpenAIError:
     return bad_request(f"Invalid value for '{param}': {message}", param=param, code="invalid_value")
 
 
-def from_triton(exc: Exception, prompt_param: str) -> OpenAIError:
-    """A failed Triton request. ``prompt_param``: "messages" or "prompt", for a prompt the engine cannot take."""
+def from_triton(exc: Exception, prompt_param: str, renamed: Mapping[str, str] | None = None) -> OpenAIError:
+    """A failed Triton request. ``prompt_param``: "messages" or "prompt", for a prompt the engine cannot take;
+    ``renamed``: the endpoint's own name for a parameter the message names (``param``)."""
     if isinstance(exc, ServerUnavailableError):
         return unavailable(f"the model server is unavailable: {exc}", "triton_unavailable")
     message = str(exc)
@@ -109,7 +112,8 @@ def from_triton(exc: Exception, prompt_param: str) -> OpenAIError:
     if SHUTTING_DOWN in message or "accepts no new requests" in message:
         return unavailable(f"The server is shutting down: {message}", "draining")
     if isinstance(exc, GenerationError) and _is_request_error(message):
-        return bad_request(message, param=_named_param(message), code="invalid_value")
+        param = _named_param(message)
+        return bad_request(message, param=(renamed or {}).get(param, param), code="invalid_value")
     return OpenAIError(500, f"The model server failed the request: {message}", code="engine_error")
 
 

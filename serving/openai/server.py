@@ -242,6 +242,8 @@ class _Kind:
         self.chat = chat
         self.prompt_param = "messages" if chat else "prompt"
         self.id_prefix = "chatcmpl-" if chat else "cmpl-"
+        # The legacy endpoint asks for alternatives with its ``logprobs`` count.
+        self.renamed = {} if chat else {"top_logprobs": "logprobs"}
 
     def logprobs(self, tokens: list[tuple[int, TokenLogprob]], asked: bool):
         if not asked:
@@ -343,7 +345,7 @@ def create_app(front: FrontDoor) -> FastAPI:
             except ClientGone:
                 return Response(status_code=499)  # nobody reads it; the Triton request is cancelled
             except Exception as exc:  # noqa: BLE001 - every Triton failure gets its status
-                raise from_triton(exc, kind.prompt_param) from None
+                raise from_triton(exc, kind.prompt_param, kind.renamed) from None
             usage = _usage(completions)
             _count_tokens(usage)
             choices = []
@@ -373,7 +375,7 @@ def create_app(front: FrontDoor) -> FastAPI:
             return Response(status_code=499)
         except Exception as exc:  # noqa: BLE001 - an error before the first token keeps its HTTP status
             generation.abandon()
-            raise from_triton(exc, kind.prompt_param) from None
+            raise from_triton(exc, kind.prompt_param, kind.renamed) from None
         return StreamingResponse(_events(kind, req, info, request_id, created, generation, first_chunk, params),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -434,7 +436,7 @@ def create_app(front: FrontDoor) -> FastAPI:
             if req.include_usage:
                 yield chunk(usage=usage, no_choice=True)
         except Exception as exc:  # noqa: BLE001 - after the headers, an error is an SSE event before [DONE]
-            error = exc if isinstance(exc, OpenAIError) else from_triton(exc, kind.prompt_param)
+            error = exc if isinstance(exc, OpenAIError) else from_triton(exc, kind.prompt_param, kind.renamed)
             yield _sse(error.body())
         finally:
             generation.abandon()  # no-op once finished; on a disconnect, cancels the Triton request
