@@ -372,3 +372,22 @@ def test_cli_n_logprobs_penalty_and_json_schema(triton, tmp_path):
         assert utf8(b"".join(bytes(t["bytes"]) for t in line["logprobs"])) == line["text"]
         assert line["cum_log_prob"] == pytest.approx(sum(t["logprob"] for t in line["logprobs"]), abs=1e-3)
         assert all(math.isfinite(t["logprob"]) for t in line["logprobs"])
+
+
+# ------------------------------------------------------------------------------------- the real default model
+
+def test_real_model_json_schema_answers_validate_with_their_logprobs(real_triton):
+    """SmolLM2-135M-Instruct through the SDK: two sampled answers held to a schema, both whole and valid."""
+    door = FrontDoorProcess(real_triton.urls.grpc, extra_args=("--served-model-name", "smollm2"))
+    try:
+        with openai.OpenAI(base_url=door.v1, api_key="x", max_retries=0) as sdk:
+            done = sdk.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": "Pick a colour and say if you like it."}],
+                max_tokens=48, n=2, temperature=0.7, seed=1, logprobs=True, top_logprobs=2, response_format=JSON_SCHEMA)
+    finally:
+        assert door.stop() == 0, "".join(door.output)
+    assert [c.index for c in done.choices] == [0, 1] and {c.finish_reason for c in done.choices} == {"stop"}
+    for choice in done.choices:
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+        assert utf8(b"".join(bytes(t.bytes) for t in choice.logprobs.content)) == choice.message.content
+        assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in choice.logprobs.content)
