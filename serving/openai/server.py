@@ -22,15 +22,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from client import Completion, Guide, SamplingParams, TokenLogprob
+from client import Completion, Guide, SamplingParams, TokenLogprob, TopLogprob
 from serving.openai.backend import COMPLETIONS_DEFAULT_MAX_TOKENS, Backend, ModelInfo
 from serving.openai.errors import OpenAIError, bad_request, context_length_exceeded, from_triton, from_validation, \
     unavailable
 from serving.openai.metrics import FrontDoorMetrics
 from serving.openai.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
-                                     ChatCompletionChunk, ChatCompletionRequest, ChatTokenLogprob, ChoiceLogprobs,
-                                     CompletionChoice, CompletionLogprobs, CompletionRequest, Delta, ModelCard,
-                                     ModelList, TextCompletion, TopLogprob, Usage, json_logprob)
+                                     ChatCompletionChunk, ChatCompletionRequest, ChoiceLogprobs, CompletionChoice,
+                                     CompletionLogprobs, CompletionRequest, Delta, ModelCard, ModelList,
+                                     TextCompletion, Usage, json_logprob)
 from serving.openai.streaming import ChoiceText, ClientGone, Generation, Tasks, unless_disconnected
 
 OPEN_PATHS = frozenset({"/health", "/health/live"})  # no API key: probes
@@ -212,14 +212,14 @@ def _usage(completions: list[Completion]) -> Usage:
     return Usage.of(completions[0].num_input_tokens, sum(c.num_output_tokens for c in completions))
 
 
-def _top(token: TokenLogprob) -> TopLogprob:
-    return TopLogprob(token=token.token, bytes=list(token.bytes), logprob=json_logprob(token.logprob))
+def _entry(token: TopLogprob) -> dict:
+    return {"token": token.token, "bytes": list(token.bytes), "logprob": json_logprob(token.logprob)}
 
 
 def _chat_logprobs(tokens: list[tuple[int, TokenLogprob]]) -> ChoiceLogprobs:
-    return ChoiceLogprobs(content=[ChatTokenLogprob(**_top(token).model_dump(),
-                                                    top_logprobs=[_top(t) for t in token.top])
-                                   for _, token in tokens])
+    # Plain dicts validated once: a model per alternative cost ~70 µs a token with 20 of them, this ~45 µs.
+    return ChoiceLogprobs.model_validate({"content": [{**_entry(token), "top_logprobs": [_entry(t) for t in token.top]}
+                                                      for _, token in tokens]})
 
 
 def _completion_logprobs(tokens: list[tuple[int, TokenLogprob]]) -> CompletionLogprobs:
