@@ -1,6 +1,6 @@
 """Typed client SDK for the Triton LLM ensemble (gRPC, sync and asyncio) and the ``python -m client`` CLI.
 
-    from client import LLMClient, SamplingParams
+    from client import Guide, LLMClient, SamplingParams
 
     with LLMClient("localhost:8001") as llm:
         print(llm.generate("def f(x):", SamplingParams(max_tokens=32)).text)
