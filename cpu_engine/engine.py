@@ -166,7 +166,7 @@ class LLMEngine:
         if req.sampling.penalised:
             self.counts.start(seq.slot, req.prompt_ids)
         if req.guide is not None:
-            seq.matcher = req.guide.matcher()
+            seq.matcher = req.guide.matcher(end_id=req.end_id)
 
     def _spawn(self, seq: Sequence) -> list[Sequence]:
         """Once the prompt is in the cache: sequences 1..n-1 get a copy of its KV rows (and counts) in the slots
@@ -180,7 +180,7 @@ class LLMEngine:
                 if req.sampling.penalised:
                     self.counts.copy(seq.slot, child.slot)
                 if req.guide is not None:
-                    child.matcher = req.guide.matcher()
+                    child.matcher = req.guide.matcher(end_id=req.end_id)
             seq.siblings = []
             self.scheduler.running.extend(children)
         return [seq, *children]

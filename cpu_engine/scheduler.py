@@ -34,8 +34,8 @@ class GenerationRequest:
     top_logprobs: int = 0  # alternatives per token (0..20), with return_log_probs
     # 1..8: the prompt is prefilled once, then its KV rows are copied; sequence i samples with seed + i.
     num_return_sequences: int = 1
-    # A compiled grammar: guide.matcher() gives each sequence an object with fill(bitmask, row), accept(token)
-    # and finished() (cpu_engine/grammar.py).
+    # A compiled grammar: guide.matcher(end_id=...) gives each sequence an object with fill(bitmask, row),
+    # accept(token) and finished() (cpu_engine/grammar.py); end_id is the stop token it allows once complete.
     guide: object | None = None
 
     def __post_init__(self):

@@ -284,21 +284,21 @@ def test_log_probs_match_a_teacher_forced_forward(engine_dir, hf_model, sampling
 
 
 class PathGuide:
-    """A hand-written constraint: exactly ``path``, then the stop token ``end``."""
+    """A hand-written constraint: exactly ``path``, then the stop token (the request's end_id, else ``eos``)."""
 
-    def __init__(self, path, end):
-        self.path, self.end = path, end
+    def __init__(self, path, eos):
+        self.path, self.eos = path, eos
 
-    def matcher(self):
-        return PathMatcher(self)
+    def matcher(self, end_id=None):
+        return PathMatcher(self.path, self.eos if end_id is None else end_id)
 
 
 class PathMatcher:
-    def __init__(self, guide):
-        self.guide, self.pos, self.done = guide, 0, False
+    def __init__(self, path, end):
+        self.path, self.end, self.pos, self.done = path, end, 0, False
 
     def _next(self):
-        return self.guide.path[self.pos] if self.pos < len(self.guide.path) else self.guide.end
+        return self.path[self.pos] if self.pos < len(self.path) else self.end
 
     def fill(self, bitmask, row):
         bitmask[row] = 0
@@ -308,7 +308,7 @@ class PathMatcher:
     def accept(self, token):
         if token != self._next():
             return False
-        self.done = self.pos == len(self.guide.path)
+        self.done = self.pos == len(self.path)
         self.pos += 1
         return True
 
@@ -319,13 +319,13 @@ class PathMatcher:
 def test_grammar_hook_constrains_each_sequence_and_wins_over_min_tokens(engine_dir):
     path, end = [7, 300, 7, 45, 0], 2
     requests = [
-        GenerationRequest("g", PROMPT, max_new_tokens=20, guide=PathGuide(path, end), end_id=end,
+        GenerationRequest("g", PROMPT, max_new_tokens=20, guide=PathGuide(path, 99), end_id=end,
                           num_return_sequences=2, sampling=SamplingParams(temperature=1.0, top_k=0, seed=1,
                                                                           repetition_penalty=3.0)),
         # min_tokens asks for more than the grammar allows: the grammar's end wins.
-        GenerationRequest("min", PROMPT, max_new_tokens=20, guide=PathGuide(path, end), end_id=end,
+        GenerationRequest("min", PROMPT, max_new_tokens=20, guide=PathGuide(path, 99), end_id=end,
                           sampling=SamplingParams(min_tokens=10)),
-        # Its own stop token (not end_id) ends it too, without being emitted.
+        # Without end_id, the guide's own stop token ends it, without being emitted.
         GenerationRequest("own", PROMPT, max_new_tokens=20, guide=PathGuide(path[:2], 99)),
         GenerationRequest("free", PROMPT, max_new_tokens=6),
     ]
