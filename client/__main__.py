@@ -74,7 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--stats", action="store_true", help="TTFT, tokens/s and finish reason on stderr per answer")
 
     commands.add_parser("health", parents=[common], help="server liveness/readiness and model readiness")
+    # The top-level help names every request flag too (each command's --help explains them).
+    parser.epilog = (f"generate and chat take {_flags(sampling)}; generate also {_flags(generate, skip=chat)}. "
+                     "'python -m client generate --help' explains each.")
     return parser
+
+
+def _flags(parser: argparse.ArgumentParser, skip: argparse.ArgumentParser | None = None) -> str:
+    skipped = {flag for action in (skip._actions if skip else ()) for flag in action.option_strings}
+    return ", ".join(action.option_strings[0] + (f" {action.metavar}" if action.metavar else "")
+                     for action in parser._actions
+                     if action.option_strings and action.option_strings[0] not in skipped | {"-h", "--url", "--model"})
 
 
 def guide(args: argparse.Namespace) -> Guide | None:
