@@ -64,10 +64,6 @@ class _Inflight:
     stopped_at: float = 0.0  # when its last stop was sent: a stop that overtook its request is sent again
 
 
-class _Cancelled(Exception):
-    """A stream cancelled before a worker sent its request."""
-
-
 class TritonPythonModel:
     def initialize(self, args):
         pb_utils.Logger.log_info(check_stub(args["model_name"]))
@@ -129,7 +125,7 @@ class TritonPythonModel:
             if stream is None:
                 return
             stream.cancelled = True
-            if not stream.started:  # still waiting for a worker, which will end it without asking tensorrt_llm
+            if not stream.started:  # still waiting for a worker: it sends its request, then asks for this stop
                 return
             stream.stopped_at = time.monotonic()
         one = np.ones((1, 1), dtype=np.int32)
@@ -224,13 +220,14 @@ class TritonPythonModel:
         stream = self._inflight[bls_id]
         responses = None
         try:
-            with self._inflight_lock:  # cancelled while it waited for this worker: tensorrt_llm never sees it
-                stream.started = not stream.cancelled
-            if not stream.started:
-                raise _Cancelled
+            with self._inflight_lock:
+                stream.started = True
+                cancelled_while_waiting = stream.cancelled
             bls = pb_utils.InferenceRequest(model_name=self.trt_model, inputs=inputs, request_id=bls_id,
                                             requested_output_names=wanted)
             responses = bls.exec(decoupled=True)
+            if cancelled_while_waiting:  # ended through tensorrt_llm like any other, so its metrics count it
+                self._to_end.put(bls_id)
             for response in responses:
                 if response.has_error():
                     raise pb_utils.TritonModelException(response.error().message())
@@ -246,8 +243,6 @@ class TritonPythonModel:
                     sender.send(self._response(chunk, outputs), flags=0)
             # tensorrt_llm ends the request once, after its last sequence: every sequence ends here.
             finals = [self._response(s.finish(s.reason_without_engine(stream.cancelled)), outputs) for s in sequences]
-        except _Cancelled:
-            finals = [self._response(s.finish("cancelled"), outputs) for s in sequences]
         except Exception as exc:  # noqa: BLE001 - the client must get an answer whatever failed
             finals = [error_response(exc, pb_utils.TritonError.INTERNAL)]
         finally:
