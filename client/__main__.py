@@ -112,11 +112,11 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def summary(completion: Completion) -> str:
-    """One line: TTFT and decode rate only when the text was streamed in several chunks."""
+    """One line: TTFT (the whole answer's time when it came as one chunk, as non-streamed answers and, under
+    load, short streamed ones do: the server sends tokens that are ready together in one response), and the
+    decode rate when there were several chunks."""
     t = completion.timings
-    parts = []
-    if t.tpot_s is not None:
-        parts.append(f"TTFT {t.ttft_s * 1e3:.1f} ms")
+    parts = [f"TTFT {t.ttft_s * 1e3:.1f} ms" + (" (one chunk)" if t.tpot_s is None else "")]
     parts.append(f"{t.output_tokens} tokens in {t.total_s:.3f} s")
     if t.decode_tokens_per_s is not None:
         parts.append(f"decode {t.decode_tokens_per_s:.1f} tok/s")

@@ -531,6 +531,9 @@ def test_cli_summary_and_json():
     data = json.loads(json.dumps(completion_json(completion)))
     assert data["text"] == "héllo" and data["num_output_tokens"] == 9
     assert data["timings"]["ttft_s"] == pytest.approx(0.02)
+    one_chunk = Timings.measure(start=0.0, text_times=[0.05], end=0.05, output_tokens=24)
+    assert "TTFT 50.0 ms (one chunk)" in summary(Completion(text="x", finish_reason="length", num_input_tokens=4,
+                                                           num_output_tokens=24, timings=one_chunk, request_id="r"))
 
 
 def test_cli_unreachable_server_is_one_clean_line_and_exit_1(capsys):
