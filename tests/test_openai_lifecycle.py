@@ -49,12 +49,15 @@ def test_fifty_abandoned_streams_free_every_slot_within_a_second(front, triton):
     before = total(scrape(metrics), "llm_requests_finished_total", reason="cancelled")
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda _: _abandon_stream(front.url), range(50)))
-    deadline = time.monotonic() + 1.0
-    wait_for(lambda: _engine_idle(metrics) or time.monotonic() > deadline, timeout=5, what="the engine idle")
-    assert _engine_idle(metrics), "slots still held a second after the last client hung up"
+    # Documented difference (docs/gpu.md): in the GPU layout each stop crosses two more processes (the wrapper, then
+    # tensorrt_llm's queue), so on two busy cores its slots are freed later than the CPU layout's second.
+    budget = 1.0 if triton.layout == "cpu" else 5.0
+    deadline = time.monotonic() + budget
+    wait_for(lambda: _engine_idle(metrics) or time.monotonic() > deadline, timeout=budget + 4, what="the engine idle")
+    assert _engine_idle(metrics), f"slots still held {budget:.0f} s after the last client hung up"
     cancelled = wait_for(lambda: total(scrape(metrics), "llm_requests_finished_total", reason="cancelled") - before
                          >= 40 and total(scrape(metrics), "llm_requests_finished_total", reason="cancelled") - before,
-                         timeout=5, what="the abandoned requests counted as cancelled")
+                         timeout=5 if triton.layout == "cpu" else 20, what="the abandoned requests counted as cancelled")
     assert cancelled <= 50
     with openai.OpenAI(base_url=front.v1, api_key="x", max_retries=0) as sdk:  # and the server serves on
         assert sdk.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4).usage.completion_tokens == 4

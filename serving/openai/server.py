@@ -188,8 +188,8 @@ def _guide(req: ChatCompletionRequest | CompletionRequest) -> Guide | None:
     response_format = getattr(req, "response_format", None)
     if response_format is None or response_format.type == "text":
         return None
-    if response_format.type == "json_object":
-        return Guide("json")
+    if response_format.type == "json_object":  # OpenAI's JSON mode answers an object; the `json` guide allows arrays
+        return Guide.json_schema({"type": "object"})
     return Guide.json_schema(response_format.json_schema.schema_)
 
 

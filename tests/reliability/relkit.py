@@ -136,6 +136,23 @@ def idle(metrics_url: str, timeout: float = 30.0) -> Snapshot:
                     "llm_engine_active_slots == 0 and llm_engine_queued_requests == 0")
 
 
+def settled(metrics_url: str, quiet_s: float = 2.0, timeout: float = 60.0) -> Snapshot:
+    """Wait until no slot is held, nothing is queued and no request has finished for ``quiet_s``; return that
+    snapshot. ``idle`` alone is not enough in the GPU layout: requests still on their way to tensorrt_llm (the
+    wrapper's workers, Triton's queue before it) are in no engine gauge."""
+    last, since = None, time.monotonic()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = snapshot(metrics_url)
+        key = (s.finished, s.never_reached_engine, s.ensemble_success, s.ensemble_failure)
+        if key != last or s.active or s.queued:
+            last, since = key, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return s
+        time.sleep(0.1)
+    raise AssertionError(f"requests still finishing after {timeout} s (last snapshot {last})")
+
+
 def live(http_url: str) -> bool:
     try:
         return requests.get(f"{http_url}/v2/health/live", timeout=5).status_code == 200

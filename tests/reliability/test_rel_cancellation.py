@@ -41,7 +41,7 @@ def test_200_streams_cancelled_at_random_points_free_every_slot(server):
 
     records = asyncio.run(relkit.cancel_storm(server.urls.grpc, STORM, concurrency=8, max_tokens=MAX_TOKENS,
                                               max_delay_s=0.25, seed=7))
-    after = relkit.idle(server.urls.metrics, timeout=30)  # the gauges are back to 0
+    after = relkit.settled(server.urls.metrics)  # the gauges are back to 0 and every request has ended
     assert after.kv == 0
     assert len(records) == STORM
     abandoned = [r for r in records if not r["completed"]]
@@ -57,7 +57,8 @@ def test_200_streams_cancelled_at_random_points_free_every_slot(server):
         assert ended["cancelled"] >= len(abandoned) * 0.8, ended  # and ended because of the stop, not max_tokens
     else:
         # Documented difference (docs/gpu.md): each token crosses one more process, so the client reads the tiny
-        # model's tokens well after they are made and most stops arrive after the last one (33 of 200 measured).
+        # model's tokens after they are made and some stops arrive after the last one (155 of 200 cancelled, 32
+        # to length, measured on a loaded machine; how many depends on the load, so only "some" is asserted).
         assert ended["cancelled"] >= 1, ended
 
     with LLMClient(server.urls.grpc) as client:  # later requests are unaffected
