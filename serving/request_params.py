@@ -50,6 +50,15 @@ def check_lengths(input_len: int, max_tokens: int, max_input_len: int, max_seq_l
                          f"(engine max_seq_len {max_seq_len}), got {max_tokens}")
 
 
+def resolve_end_id(end_id: int | None, vocab_size: int) -> int | None:
+    """``end_id`` as the engine takes it: -1 is TensorRT-LLM's "no end id"; any other id must be a token."""
+    if end_id is None or end_id == -1:
+        return None
+    if not 0 <= end_id < vocab_size:
+        raise ValueError(f"end_id must be a token id in [0, {vocab_size}) or -1 (none), got {end_id}")
+    return end_id
+
+
 def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
     if not 0 <= min_tokens <= max_tokens:
         raise ValueError(f"min_tokens must be between 0 and max_tokens ({max_tokens}), got {min_tokens}")

@@ -72,6 +72,7 @@ def llm_response(table: list[bytes], chunk: Chunk, outputs: Collection[str]) -> 
     character (serving/sequence_output.py), so each chunk decodes on its own.
     """
     ids, lps = chunk.ids, chunk.logprobs
+    token = lambda i: table[i] if 0 <= i < len(table) else b""  # noqa: E731 - padding rows past the tokenizer
     generated = ids[len(ids) - len(lps):]  # the tokens the log-probs belong to (never the echoed prompt)
     k = max((len(lp.top) for lp in lps), default=0)
     values = {
@@ -83,8 +84,8 @@ def llm_response(table: list[bytes], chunk: Chunk, outputs: Collection[str]) -> 
         "num_output_tokens": lambda: np.array([[chunk.num_output_tokens]], dtype=np.int32),
         "output_log_probs": lambda: np.array([lp.logprob for lp in lps], dtype=np.float32).reshape(1, 1, -1),
         "cum_log_probs": lambda: np.array([[chunk.cum_logprob]], dtype=np.float32),
-        "output_token_bytes": lambda: np.array([table[i] for i in generated], dtype=object).reshape(1, -1),
-        "top_logprob_bytes": lambda: np.array([[table[t] for t, _ in lp.top] for lp in lps],
+        "output_token_bytes": lambda: np.array([token(i) for i in generated], dtype=object).reshape(1, -1),
+        "top_logprob_bytes": lambda: np.array([[token(t) for t, _ in lp.top] for lp in lps],
                                               dtype=object).reshape(1, len(lps), k),
         "top_logprob_values": lambda: np.array([[v for _, v in lp.top] for lp in lps],
                                                dtype=np.float32).reshape(1, len(lps), k),

@@ -1,9 +1,8 @@
 """Issue 17's request controls end to end through a real tritonserver, on both layouts (the CPU engine, and the GPU
 layout's llm wrapper over the tensorrt_llm stand-in): penalties, log-probs (checked against Hugging Face's
 teacher-forced forward of the same checkpoint), several sequences, guided decoding, and each bad value's INVALID_ARG.
-Differences between the layouts are pinned here (docs/gpu.md): min_p, top_logprobs and guided decoding are refused by
-the GPU layout, because tensorrt_llm has no min_p input, returns no alternatives, and its rendered config has guided
-decoding off."""
+Differences between the layouts are pinned here (docs/gpu.md): min_p and top_logprobs are refused by the GPU layout,
+because tensorrt_llm has no min_p input and returns no alternatives."""
 
 from __future__ import annotations
 
@@ -126,16 +125,14 @@ SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green"]},
 
 
 def test_guided_decoding(triton):
-    if triton.layout != "cpu":
-        message = refused(triton, guided_decoding_guide_type="json_schema", guided_decoding_guide=json.dumps(SCHEMA))
-        assert "guided decoding is off" in message
-        return
     for seed in range(3):
         answer = text(ensemble(triton, "Answer:", 40, guided_decoding_guide_type="json_schema",
                                guided_decoding_guide=json.dumps(SCHEMA), temperature=1.0, top_k=0, seed=seed))
         jsonschema.validate(json.loads(answer), SCHEMA)
-    assert refused(triton, guided_decoding_guide_type="json_schema",
-                   guided_decoding_guide=json.dumps({"type": "array", "uniqueItems": True}))
+    # Refused by name, before any token, on both layouts (the GPU wrapper checks before tensorrt_llm compiles it).
+    assert "uniqueItems" in refused(triton, guided_decoding_guide_type="json_schema",
+                                    guided_decoding_guide=json.dumps({"type": "array", "uniqueItems": True}))
+    assert "regex" in refused(triton, guided_decoding_guide_type="regex", guided_decoding_guide="(unclosed")
 
 
 def test_the_gpu_layout_refuses_what_tensorrt_llm_lacks(triton):
@@ -149,3 +146,10 @@ def test_the_gpu_layout_refuses_what_tensorrt_llm_lacks(triton):
 def test_a_penalty_that_is_not_a_number_is_refused(triton):
     """The rest of the bad values are in tests/test_bad_input.py's catalogue (HTTP and gRPC); NaN has no JSON."""
     assert "presence_penalty must be a finite number" in refused(triton, presence_penalty=float("nan"))
+
+
+def test_end_id_minus_one_means_none_and_other_bad_ids_are_refused(triton):
+    """-1 is TensorRT-LLM's "no end id"; an id outside the vocabulary is refused before it reaches the engine (with a
+    guide, xgrammar would otherwise fail on the engine's thread)."""
+    assert text(ensemble(triton, "Hello", 6, end_id=-1, guided_decoding_guide_type="json")) is not None
+    assert "end_id must be a token id" in refused(triton, end_id=10**6, guided_decoding_guide_type="json")

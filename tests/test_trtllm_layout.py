@@ -188,9 +188,10 @@ def test_stand_in_loads_the_config_the_real_backend_would(test_profile):
 
     options = TrtllmOptions(max_tokens_in_paged_kv_cache="unset")
     gpu_profile = test_profile.resolved().model_copy(update={"target": "trtllm"})
+    stand_in = {n: c for n, _, c in standin_configs(test_profile, options=options)}  # writes what the GPU build would
     real = {n: c for n, _, c in model_configs_trtllm(gpu_profile, options,
                                                       standin_engine_config(gpu_profile.engine_dir))}
-    stand_in = {n: c for n, _, c in standin_configs(test_profile, options=options)}
+    assert real["tensorrt_llm"].parameters["guided_decoding_backend"].string_value == "xgrammar"
     assert real.keys() == stand_in.keys()
     for name in real:
         if name != "tensorrt_llm":
@@ -204,3 +205,20 @@ def test_stand_in_loads_the_config_the_real_backend_would(test_profile):
     for key in added:
         del swapped.parameters[key]
     assert swapped == real["tensorrt_llm"]
+
+
+def test_tokenizer_info_is_what_the_backend_reads(tiny_checkpoint, tmp_path):
+    """The fields getGuidedDecodingConfigFromParams parses, built as TensorRT-LLM's generator builds them."""
+    from transformers import AutoTokenizer
+
+    from builders.trtllm.guided import find_tokenizer_info, write_tokenizer_info
+
+    assert find_tokenizer_info(tmp_path / "engine") is None
+    path = write_tokenizer_info(tiny_checkpoint, tmp_path)
+    assert find_tokenizer_info(tmp_path / "engine") == path  # beside the engine, in the build output
+    info = json.loads(path.read_text())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    assert info["encoded_vocab"] == tokenizer.convert_ids_to_tokens(list(range(len(info["encoded_vocab"]))))
+    assert json.loads(info["tokenizer_str"])["model"]["type"] == json.loads(
+        (tiny_checkpoint / "tokenizer.json").read_text())["model"]["type"]
+    assert info["stop_token_ids"] == [tokenizer.eos_token_id]

@@ -131,10 +131,13 @@ def serving_for(plan: BuildPlan, profile: GpuProfile, server_root: str | Path | 
 def render_for(plan: BuildPlan, profile: GpuProfile, server_root, budget_tokens: int, engine_cfg: dict,
                out_dir: Path | None):
     """Render (to ``out_dir``) or just return the configs: [(name, source, ModelConfig)]."""
+    from .guided import write_tokenizer_info
     from .layout import OPTIONS_FILE, model_configs_trtllm, render_trtllm_repository
 
     serving, options = serving_for(plan, profile, server_root, budget_tokens)
     if out_dir is not None:
+        # Before rendering: the config turns guided decoding on when this file is beside the engine.
+        write_tokenizer_info(plan.checkpoint, plan.output_dir)
         render_trtllm_repository(serving, out_dir, options, engine_cfg)
         (plan.output_dir / OPTIONS_FILE).write_text(options.model_dump_json(indent=2) + "\n")
     return model_configs_trtllm(serving.resolved(), options, engine_cfg)

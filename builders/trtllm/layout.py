@@ -28,6 +28,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import triton_config as tc
 from ..profile import ServingProfile
+from .guided import find_tokenizer_info
 from .options import TrtllmOptions
 from .pins import EXECUTOR_WORKER_PATH
 from .rules import NEEDS_PAGED_CONTEXT_FMHA
@@ -42,10 +43,10 @@ OPTIONS_FILE = "trtllm_options.json"
 # TensorRT-LLM renamed random_seed → seed and min_length → min_tokens (tensorrtllm_backend docs/model_config.md,
 # r25.10 onward; v1.0.0 and older still list random_seed / min_length).
 TRTLLM_INPUT_NAMES = {"random_seed": "seed", "min_tokens": "min_tokens"}
-# Guided decoding stays off in the rendered tensorrt_llm config (it needs xgrammar_tokenizer_info_path, made by
-# TensorRT-LLM's own tooling on the GPU image, not here); the llm wrapper reads the same value and refuses guided
-# requests with INVALID_ARG instead of letting the backend fail them with INTERNAL.
-GUIDED_DECODING_BACKEND = ""
+# Guided decoding is on when the build wrote xgrammar's tokenizer info beside the engine (guided.py); the llm
+# wrapper reads the same value and, with it off, refuses guided requests with INVALID_ARG rather than letting the
+# backend fail them with INTERNAL.
+GUIDED_DECODING_BACKEND = "xgrammar"
 _SCALAR = dict(dims=(1,), reshape=True)
 TRTLLM_INPUTS = (
     ("input_ids", "INT32", dict(dims=(-1,), ragged=True)),
@@ -143,6 +144,7 @@ def tensorrt_llm_config(engine_dir: str | Path, engine_cfg: dict, options: Trtll
     the backend cannot do without (pins.BACKEND_REQUIRED_PARAMETERS) is set; KV-cache reuse and chunked context
     are false for an engine without paged context FMHA, because the runtime would switch them off anyway."""
     limits = engine_limits(engine_cfg)
+    tokenizer_info = find_tokenizer_info(engine_dir)
     cfg = mc.ModelConfig(name=options.tensorrt_llm_model_name, backend="tensorrtllm",
                          max_batch_size=limits["max_batch_size"])
     cfg.model_transaction_policy.decoupled = True  # streaming; the wrapper always reads it as a stream
@@ -171,10 +173,10 @@ def tensorrt_llm_config(engine_dir: str | Path, engine_cfg: dict, options: Trtll
         "exclude_input_in_output": True,
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         "executor_worker_path": EXECUTOR_WORKER_PATH,
-        # Guided decoding off: the backend turns it on only when both of these are non-empty.
+        # The backend turns guided decoding on only when both of these are non-empty (guided.py).
         "tokenizer_dir": str(tokenizer_dir),
-        "xgrammar_tokenizer_info_path": "",
-        "guided_decoding_backend": GUIDED_DECODING_BACKEND,
+        "xgrammar_tokenizer_info_path": str(tokenizer_info or ""),
+        "guided_decoding_backend": GUIDED_DECODING_BACKEND if tokenizer_info else "",
     }
     paged = paged_context_fmha(engine_cfg)
     params.update({key: getattr(options, key) and paged for key in NEEDS_PAGED_CONTEXT_FMHA})
@@ -197,7 +199,8 @@ def llm_wrapper_config(profile: ServingProfile, options: TrtllmOptions, limits: 
                            {"tensorrt_llm_model_name": options.tensorrt_llm_model_name,
                             "tokenizer_dir": profile.tokenizer_dir, "max_inflight": inflight,
                             "max_input_len": limits["max_input_len"], "max_seq_len": limits["max_seq_len"],
-                            "guided_decoding_backend": GUIDED_DECODING_BACKEND})
+                            "guided_decoding_backend": GUIDED_DECODING_BACKEND
+                            if find_tokenizer_info(profile.engine_dir) else ""})
     cfg.model_transaction_policy.decoupled = True
     cfg.dynamic_batching.max_queue_delay_microseconds = 0  # execute() only hands requests to threads
     return cfg

@@ -14,6 +14,7 @@ import copy
 from pathlib import Path
 
 from ..profile import ServingProfile
+from .guided import find_tokenizer_info, write_tokenizer_info
 from .layout import engine_info, engine_limits, model_configs_trtllm
 from .options import TrtllmOptions
 
@@ -41,6 +42,8 @@ def standin_configs(profile: ServingProfile, token_source: str = "engine", optio
         raise ValueError(f"token source {token_source!r}: expected one of {', '.join(TOKEN_SOURCES)}")
     options = options or TrtllmOptions(max_tokens_in_paged_kv_cache="unset")
     gpu_profile = profile.resolved().model_copy(update={"target": "trtllm"})
+    if find_tokenizer_info(gpu_profile.engine_dir) is None:  # what the GPU build writes beside its engine
+        write_tokenizer_info(gpu_profile.tokenizer_dir, gpu_profile.engine_dir)
     engine_cfg = standin_engine_config(gpu_profile.engine_dir)
     limits = engine_limits(engine_cfg)
     configs = []

@@ -175,8 +175,11 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest, info: ModelInfo,
                                       f"{param}={max_tokens} leaves no room for a prompt", param)
     seed = None if req.seed is None else req.seed % 2**64  # OpenAI's int64 seed as the engine's uint64
     alternatives = req.alternatives
+    temperature = req.temperature
+    if req.choices > 1 and temperature is None and req.top_p is None:
+        temperature = 1.0  # n choices ask for different answers: OpenAI's default temperature, not greedy n times
     return SamplingParams(
-        max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=seed, stop=req.stop_words,
+        max_tokens=max_tokens, temperature=temperature, top_p=req.top_p, seed=seed, stop=req.stop_words,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         repetition_penalty=req.repetition_penalty, min_p=req.min_p, n=None if req.choices == 1 else req.choices,
         logprobs=None if alternatives is None else True, top_logprobs=alternatives or None,

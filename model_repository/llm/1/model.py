@@ -18,7 +18,8 @@ from cpu_engine import (EngineLimits, GenerationRequest, LLMEngine, QueueFullErr
                         TokenEvent, load_engine)
 from serving.drain import LLM_GRACE_S, DrainGate
 from serving.llm_metrics import LLMMetrics
-from serving.request_params import (CONTROL_INPUTS, Controls, check_lengths, check_min_tokens, resolve_controls,
+from serving.guides import GuideCompiler
+from serving.request_params import (CONTROL_INPUTS, check_lengths, check_min_tokens, resolve_controls, resolve_end_id,
                                     resolve_sampling)
 from serving.sequence_output import SequenceOutput, TokenLogprob
 from serving.stub_python import check_stub
@@ -52,8 +53,7 @@ class TritonPythonModel:
         self.max_input_len, self.max_seq_len = build["max_input_len"], build["max_seq_len"]
         self.vocab_size = loaded.model.args.vocab_size
         self.table = token_bytes_table(params["tokenizer_dir"])
-        self.tokenizer_dir = params["tokenizer_dir"]
-        self._grammars = None  # cpu_engine.grammar.Grammars, made on the first guided request
+        self.guides = GuideCompiler(params["tokenizer_dir"], self.vocab_size, RequestError)
         self.drain_timeout_s = float(params.get("drain_timeout_s", "25"))
         self._streams: dict[str, _Stream] = {}
         self._by_client_id: dict[str, str] = {}  # client request id → ours, for the `stop` input
@@ -156,14 +156,14 @@ class TritonPythonModel:
             sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed, min_tokens,
                                     controls.repetition_penalty, controls.presence_penalty,
                                     controls.frequency_penalty, controls.min_p),
-            end_id=scalar(request, "end_id", int),
+            end_id=resolve_end_id(scalar(request, "end_id", int), self.vocab_size),
             stop_words=self._word_list(request, "stop_words_list"),
             bad_words=self._word_list(request, "bad_words_list"),
             is_cancelled=lambda: request_id in self._stopped or sender.is_cancelled(),
             return_log_probs=controls.return_log_probs,
             top_logprobs=controls.top_logprobs,
             num_return_sequences=controls.num_return_sequences,
-            guide=self._guide(controls),
+            guide=self.guides(controls.guided_decoding_guide_type, controls.guided_decoding_guide),
         )
         streaming = bool(scalar(request, "streaming", bool))
         echo = [] if exclude_input in (None, True) else prompt
@@ -172,19 +172,6 @@ class TritonPythonModel:
         stream = _Stream(sender=sender, sequences=sequences, client_id=request.request_id(),
                          outputs=frozenset(request.requested_output_names()), running=len(sequences))
         return gen, stream
-
-    def _guide(self, controls: Controls):
-        """The request's compiled grammar (cached by the grammar cache), or None; a bad guide is the user's error."""
-        if not controls.guided_decoding_guide_type:
-            return None
-        from cpu_engine.grammar import Grammars, GuideError  # xgrammar loads only when a guide is asked for
-
-        if self._grammars is None:
-            self._grammars = Grammars(self.tokenizer_dir, self.vocab_size)
-        try:
-            return self._grammars.compile(controls.guided_decoding_guide_type, controls.guided_decoding_guide)
-        except GuideError as exc:
-            raise RequestError(str(exc)) from None
 
     @staticmethod
     def _word_list(request, name) -> list[list[int]]:
@@ -253,8 +240,8 @@ class TritonPythonModel:
 
     def _send(self, stream: _Stream, chunk, final: bool):
         """Send one response; a failed send (the client has gone) must not stop the other streams."""
-        response = llm_response(self.table, chunk, stream.outputs)
         try:
+            response = llm_response(self.table, chunk, stream.outputs)
             stream.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
         except Exception as exc:
             pb_utils.Logger.log_error(f"sending a response failed: {exc}")

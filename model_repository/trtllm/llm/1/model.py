@@ -5,6 +5,7 @@ for one another here (the in-flight batching happens in ``tensorrt_llm``). Each 
 through ``tensorrt_llm`` with a decoupled BLS call and answers with ``output_ids``, ``sequence_length``,
 ``finish_reason``, ``num_input_tokens``, ``num_output_tokens``, log-probs and ``sequence_index``
 (serving/sequence_output.py). ``min_p`` and ``top_logprobs`` are refused: tensorrt_llm has no such input or output.
+Guides are compiled here once (cached) only to refuse, by name, what the backend would not enforce.
 Cancellation: one thread polls every stream's ``is_cancelled()`` (as the C++ backend's ``WaitForCancel`` does) and
 ends a cancelled one with the backend's own ``stop`` request under that stream's request id. That works on every
 Triton: the response iterator's ``cancel()`` exists only in newer Python backends (not in 2.51, which runs the CPU
@@ -28,6 +29,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from serving.drain import LLM_GRACE_S, DrainGate
+from serving.guides import GuideCompiler
 from serving.request_params import CONTROL_INPUTS, resolve_controls
 from serving.sequence_output import Chunk, SequenceOutput, TokenLogprob
 from serving.stub_python import check_stub
@@ -71,6 +73,9 @@ class TritonPythonModel:
         self.trt_model = params["tensorrt_llm_model_name"]
         self.guided_decoding = bool(params.get("guided_decoding_backend"))  # as the tensorrt_llm config has it
         self.table = token_bytes_table(params["tokenizer_dir"])
+        # Guides are checked here, before tensorrt_llm compiles them: the backend would drop a JSON-schema keyword
+        # that xgrammar does not enforce, where the CPU llm refuses it by name.
+        self.guides = GuideCompiler(params["tokenizer_dir"], len(self.table), RequestError)
         self.pool = ThreadPoolExecutor(max_workers=int(params["max_inflight"]), thread_name_prefix="trtllm-stream")
         self.gate = DrainGate()  # the launcher's drain, as the CPU llm has it (serving/drain.py)
         self._inflight: dict[str, _Inflight] = {}  # our BLS request id → the stream; execute() adds, workers remove
@@ -190,8 +195,9 @@ class TritonPythonModel:
             raise RequestError("top_logprobs is not supported by the TensorRT-LLM layout (tensorrt_llm returns the "
                                "chosen tokens' log-probs only): use return_log_probs")
         if controls.guided_decoding_guide_type and not self.guided_decoding:
-            raise RequestError("guided decoding is off in this deployment's tensorrt_llm model "
-                               "(its guided_decoding_backend parameter is empty)")
+            raise RequestError("guided decoding is off in this deployment's tensorrt_llm model (its "
+                               "guided_decoding_backend parameter is empty: no xgrammar tokenizer info beside the engine)")
+        self.guides(controls.guided_decoding_guide_type, controls.guided_decoding_guide)
         inputs = []
         for ours, theirs in _FORWARD.items():
             t = pb_utils.get_input_tensor_by_name(request, ours)

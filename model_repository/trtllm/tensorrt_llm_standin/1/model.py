@@ -21,6 +21,8 @@ What it reproduces of the C++ backend, and where that was read (tensorrtllm_back
   response, also when none is running (``handleStopRequest``);
 - cancellation by the client is polled (``WaitForCancel``, every ``cancellation_check_period_ms``); the
   cancelled request then gets its final response;
+- guided decoding only when ``guided_decoding_backend`` is ``xgrammar`` and ``xgrammar_tokenizer_info_path`` is set
+  (``getGuidedDecodingConfigFromParams``), compiled with xgrammar as the executor does (cpu_engine/grammar.py);
 - a bad request gets one final response with an INTERNAL error (``enqueue``: every exception →
   ``TRITONSERVER_ERROR_INTERNAL``), with the backend's message where the source has one.
 """
@@ -37,8 +39,10 @@ import triton_python_backend_utils as pb_utils
 
 from cpu_engine.token_sources import open_source
 from cpu_engine import GenerationRequest, QueueFullError, SamplingParams, TokenEvent
+from cpu_engine.engine_dir import read_config
+from serving.guides import GuideCompiler
 from serving.llm_metrics import LLMMetrics
-from serving.request_params import resolve_sampling
+from serving.request_params import resolve_end_id, resolve_sampling
 from serving.stub_python import check_stub
 from serving.text import from_word_list, token_bytes_table
 from serving.trtllm_metrics import TrtLlmMetrics
@@ -54,7 +58,15 @@ class BackendError(RuntimeError):
 def _value(request, name: str):
     """An optional per-request scalar (shape [1] after the config's reshape, [1, 1] without it), or None."""
     t = pb_utils.get_input_tensor_by_name(request, name)
-    return None if t is None else t.as_numpy().reshape(-1)[0].item()
+    if t is None:
+        return None
+    value = t.as_numpy().reshape(-1)[0]
+    return value.item() if isinstance(value, np.generic) else value  # a STRING element is bytes already
+
+
+def _text(value) -> str:
+    """A STRING input's element (bytes), or "" when absent."""
+    return "" if value is None else value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def _ids(request, name: str) -> np.ndarray | None:
@@ -100,7 +112,12 @@ class TritonPythonModel:
         # What the real backend exports (nv_trt_llm_*): the chart's GPU queries read these.
         self.trt_metrics = TrtLlmMetrics(args["model_name"], args["model_version"], self.source.limits.max_batch_size,
                                          self.source.limits.max_seq_len, self._trt_stats)
-        self.guided_decoding = bool(params["guided_decoding_backend"])
+        # As the backend: guided decoding only with both parameters (getGuidedDecodingConfigFromParams). The guide
+        # is compiled from the tokenizer directory; the backend reads the same tokenizer from the info file.
+        self.guided_decoding = params["guided_decoding_backend"] == "xgrammar" and bool(
+            params["xgrammar_tokenizer_info_path"])
+        self.guides = GuideCompiler(params["tokenizer_dir"], read_config(params["gpt_model_path"])
+                                    ["pretrained_config"]["vocab_size"], BackendError)
         self.max_input_len = int(params["standin_max_input_len"])
         self.max_seq_len = int(params["standin_max_seq_len"])
         self._sender = threading.Thread(target=self._send_loop, name="tensorrt_llm-responses", daemon=True)
@@ -124,7 +141,7 @@ class TritonPythonModel:
                 except (QueueFullError, ValueError) as exc:  # full, or more sequences than the engine has slots
                     self._forget(gen.request_id)
                     raise BackendError(str(exc)) from None
-            except BackendError as exc:
+            except Exception as exc:  # noqa: BLE001 - as the backend's enqueue: every exception is INTERNAL
                 sender.send(pb_utils.InferenceResponse(
                     output_tensors=[], error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INTERNAL)),
                     flags=_FINAL)
@@ -160,7 +177,8 @@ class TritonPythonModel:
                                     _value(request, "runtime_top_p"))
         exclude = _value(request, "exclude_input_in_output")
         exclude = self.default_exclude_input if exclude is None else bool(exclude)
-        if _value(request, "guided_decoding_guide_type") and not self.guided_decoding:
+        guide_type = _text(_value(request, "guided_decoding_guide_type"))
+        if guide_type and not self.guided_decoding:
             # The executor refuses a guided request when the model has no guided decoding config (read in
             # TensorRT-LLM's executor sources; wording not verified).
             raise BackendError("Guided decoding is not enabled: the model has no guided decoding config")
@@ -174,15 +192,22 @@ class TritonPythonModel:
                 repetition_penalty=float(_value(request, "repetition_penalty") or 1.0),
                 presence_penalty=float(_value(request, "presence_penalty") or 0.0),
                 frequency_penalty=float(_value(request, "frequency_penalty") or 0.0)),
-            end_id=_value(request, "end_id"),
+            end_id=self._end_id(_value(request, "end_id")),
             stop_words=self._words(request, "stop_words_list"), bad_words=self._words(request, "bad_words_list"),
             is_cancelled=lambda: request_id in self._stopped or sender.is_cancelled(),
-            return_log_probs=bool(_value(request, "return_log_probs")), num_return_sequences=n)
+            return_log_probs=bool(_value(request, "return_log_probs")), num_return_sequences=n,
+            guide=self.guides(guide_type, _text(_value(request, "guided_decoding_guide"))))
         stream = _Stream(sender, bool(_value(request, "streaming")), request.request_id(),
                          [[] if exclude else list(prompt) for _ in range(n)],
                          frozenset(request.requested_output_names()), [[] for _ in range(n)],
                          [[] for _ in range(n)], [0.0] * n, running=n)
         return gen, stream
+
+    def _end_id(self, end_id: int | None) -> int | None:
+        try:
+            return resolve_end_id(end_id, self.vocab_size)
+        except ValueError as exc:  # the executor checks it against the vocabulary (wording ours)
+            raise BackendError(str(exc)) from None
 
     @staticmethod
     def _words(request, name: str) -> list[list[int]]:
