@@ -140,6 +140,7 @@ class TritonServer:
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or ""
         self.process: subprocess.Popen[bytes] | None = None
         self.stop_requested = False
+        self.last_probe = "none yet"  # what the last readiness probe saw (is_ready)
         self.drain_file: Path | None = None
         self._drain_lock = threading.Lock()
         self._drained = False
@@ -228,9 +229,11 @@ class TritonServer:
     def is_ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.urls.http}/v2/health/ready", timeout=2) as r:
+                self.last_probe = f"HTTP {r.status}"
                 return r.status == 200
-        except (urllib.error.URLError, OSError):
-            return False  # refused while starting, 400 while models load
+        except (urllib.error.URLError, OSError) as exc:
+            self.last_probe = repr(exc)  # said when it never gets ready: refused, 400 while models load, a timeout
+            return False
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until /v2/health/ready answers 200. On failure, stop the server and raise ServerStartError."""
@@ -246,7 +249,8 @@ class TritonServer:
                 problem = "stopped before it was ready"
                 break
             if time.monotonic() > deadline:
-                problem = f"tritonserver was not ready after {timeout or self.ready_timeout:.0f} s"
+                problem = (f"tritonserver was not ready after {timeout or self.ready_timeout:.0f} s (last probe of "
+                           f"{self.urls.http}/v2/health/ready: {self.last_probe})")
                 break
             time.sleep(0.25)
         self.stop()
