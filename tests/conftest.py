@@ -116,3 +116,22 @@ def real_triton(real_engine_dir, real_checkpoint, tmp_path_factory):
                           log_file=tmp_path_factory.mktemp("real-triton") / "tritonserver.log")
     with TritonServer(config, ready_timeout=300) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def front(triton):
+    """The OpenAI front door over the module's server (tests/openai_front.py), stopped cleanly at the end."""
+    from tests.openai_front import FrontDoorProcess
+
+    door = FrontDoorProcess(triton.urls.grpc)
+    yield door
+    assert door.stop() == 0, "".join(door.output)
+
+
+@pytest.fixture(scope="module")
+def sdk(front):
+    """The official openai SDK pointed at ``front``."""
+    import openai
+
+    with openai.OpenAI(base_url=front.v1, api_key="unused", max_retries=0) as client:
+        yield client

@@ -14,24 +14,10 @@ import pytest
 import requests
 
 from client import LLMClient, SamplingParams
-from tests.openai_front import FrontDoorProcess
 
 pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
 
 CHAT = [{"role": "user", "content": "def fibonacci(n): 日本語 😀"}]
-
-
-@pytest.fixture(scope="module")
-def front(triton):
-    door = FrontDoorProcess(triton.urls.grpc)
-    yield door
-    assert door.stop() == 0, "".join(door.output)
-
-
-@pytest.fixture(scope="module")
-def sdk(front):
-    with openai.OpenAI(base_url=front.v1, api_key="unused", max_retries=0) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

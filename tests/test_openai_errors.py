@@ -142,13 +142,6 @@ CATALOGUE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def front(triton):
-    door = FrontDoorProcess(triton.urls.grpc)
-    yield door
-    assert door.stop() == 0, "".join(door.output)
-
-
 def test_catalogue_is_big_enough():
     assert len(CATALOGUE) >= 30
 

@@ -87,19 +87,6 @@ def test_text_held_back_for_a_possible_stop_string_holds_its_tokens_back_too():
 
 # --------------------------------------------------------------------------------------------- the live stack
 
-@pytest.fixture(scope="module")
-def front(triton):
-    door = FrontDoorProcess(triton.urls.grpc)
-    yield door
-    assert door.stop() == 0, "".join(door.output)
-
-
-@pytest.fixture(scope="module")
-def sdk(front):
-    with openai.OpenAI(base_url=front.v1, api_key="unused", max_retries=0) as client:
-        yield client
-
-
 MODEL = "tiny"
 
 

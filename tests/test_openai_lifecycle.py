@@ -23,13 +23,6 @@ MODEL = "tiny"
 PROMPT = "def fibonacci(n):"
 
 
-@pytest.fixture(scope="module")
-def front(triton):
-    door = FrontDoorProcess(triton.urls.grpc)
-    yield door
-    assert door.stop() == 0, "".join(door.output)
-
-
 def _engine_idle(metrics_url: str) -> bool:
     samples = scrape(metrics_url)
     return total(samples, "llm_engine_active_slots") == 0 and total(samples, "llm_engine_queued_requests") == 0
