@@ -69,9 +69,14 @@ class LLMMetrics:
         self.kv_occupancy.set(kv_occupancy)
 
     def close(self) -> None:
-        """Free every metric, then the families, while the stub can still tell Triton (call from ``finalize``).
-        Left to interpreter exit they go in any order, after the stub's shared memory: Triton 2.51's stub then
-        aborts in ``MetricFamily::~MetricFamily`` (seen in a core dump of the stand-in's stub)."""
-        families = self._families
-        vars(self).clear()  # the metrics (and this object's other state) first
-        families.clear()
+        """Free the metrics while the stub can still tell Triton (call from ``finalize``)."""
+        free_metrics(self)
+
+
+def free_metrics(owner) -> None:
+    """Free every metric ``owner`` holds, then the families it keeps in ``_families``. Left to interpreter exit
+    they go in any order, after the stub's shared memory: Triton 2.51's stub then aborts in
+    ``MetricFamily::~MetricFamily`` (seen in a core dump of the stand-in's stub)."""
+    families = owner._families
+    vars(owner).clear()  # the metrics (and the owner's other state) first
+    families.clear()

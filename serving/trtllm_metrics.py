@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 import triton_python_backend_utils as pb_utils
 
+from serving.llm_metrics import free_metrics
+
 #: custom_metrics_reporter.cc: the buckets of both token-length histograms.
 TOKEN_LEN_BUCKETS = [10.0, 50.0, 100.0, 500.0, 1000.0]
 #: model_instance_state.cc: the stats thread's period when the model sets no ``stats_check_period_ms``.
@@ -105,11 +107,7 @@ class TrtLlmMetrics:
                 self._last[key] = value
 
     def close(self) -> None:
-        """Stop the thread, then free the metrics and the families while the stub can still tell Triton (call from
-        ``finalize``): left to interpreter exit, Triton 2.51's stub aborts in ``MetricFamily::~MetricFamily``
-        (serving/llm_metrics.py)."""
+        """Stop the thread, then free the metrics while the stub can still tell Triton (call from ``finalize``)."""
         self._stop.set()
         self._thread.join()
-        families = self._families
-        vars(self).clear()
-        families.clear()
+        free_metrics(self)
