@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 from . import commands, inputs, metrics, report, slo
-from .results import LevelResult, compress, parse_genai_perf_summary, parse_level
+from .results import LevelResult, compress, export_readable, parse_genai_perf_summary, parse_level
 from .spec import DEFAULT_TOKENIZER, PACKAGE_DIR, PROJECT_ROOT, LoadProfile, level_str
 from .tools import ToolError, genai_perf_binary, genai_perf_env, setup_perf_analyzer
 
@@ -162,15 +162,21 @@ def run_level_pa(profile: LoadProfile, level: float, *, pa, url: str, input_data
                                                           csv=Path(csv_path.name), export=export.resolve(),
                                                           metrics_url=metrics_url)
     t0 = time.monotonic()
-    with metrics.Window(metrics_url) as window:
-        try:
-            proc = subprocess.run(argv, env=pa.env(), capture_output=True, text=True, cwd=raw,
-                                  timeout=profile.measurement.timeout_s)
-            out, rc = proc.stdout + proc.stderr, proc.returncode
-        except subprocess.TimeoutExpired as exc:
-            out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            out += f"\nloadtest: perf_analyzer exceeded the level timeout of {profile.measurement.timeout_s:g} s"
-            rc = -1
+    for attempt in (1, 2):
+        with metrics.Window(metrics_url) as window:
+            try:
+                proc = subprocess.run(argv, env=pa.env(), capture_output=True, text=True, cwd=raw,
+                                      timeout=profile.measurement.timeout_s)
+                out, rc = proc.stdout + proc.stderr, proc.returncode
+            except subprocess.TimeoutExpired as exc:
+                out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+                out += f"\nloadtest: perf_analyzer exceeded the level timeout of {profile.measurement.timeout_s:g} s"
+                rc = -1
+        out += f"\nloadtest: perf_analyzer exit code {rc}\n"
+        if rc != 0 or not export.exists() or export_readable(export) or attempt == 2:
+            break
+        (raw / f"{name}.attempt1.log").write_text(out + "loadtest: the profile export is empty; measuring again\n")
+        t0 = time.monotonic()
     (raw / f"{name}.log").write_text(out)
     fixed = commands.request_count(profile, level) > 0
     result = parse_level(level, profile.load.mode, csv_path, export, fixed_count=fixed)

@@ -547,3 +547,35 @@ def test_tuner_picks_the_fastest_configuration_that_meets_the_slo(tmp_path, engi
     short = run_tune(TuneOptions(profile=str(profile), space=space, base_profile=base, budget_s=0.07,
                                  out_dir=tmp_path / "short", progress=False), evaluate=slow)
     assert len(short.candidates) == 1 and "budget" in short.stopped_because
+
+
+def test_an_empty_profile_export_is_named_not_a_json_traceback(tmp_path):
+    (tmp_path / "e.json").write_text("")
+    r = parse_level(1, "concurrency", tmp_path / "missing.csv", tmp_path / "e.json")
+    assert not r.ok and "e.json is empty or cut short" in r.error
+
+
+def test_a_level_whose_export_came_back_empty_is_measured_again(tmp_path):
+    """perf_analyzer once left its export empty after a successful run (CI, full suite's load): the level is
+    measured a second time; the first attempt's log is kept beside the level's."""
+    from loadtest.sweep import run_level_pa
+    from loadtest.tools import PerfAnalyzer
+
+    ms = 10**6
+    _export(tmp_path / "good.json", [(0, [10 * ms, 20 * ms], [1, 2])])
+    calls = tmp_path / "calls"
+    fake = tmp_path / "perf_analyzer"
+    fake.write_text(f"""#!/bin/sh
+while [ $# -gt 0 ]; do [ "$1" = --profile-export-file ] && export_file="$2"; shift; done
+echo run >> {calls}
+if [ "$(wc -l < {calls})" -eq 1 ]; then : > "$export_file"; else cp {tmp_path / "good.json"} "$export_file"; fi
+""")
+    fake.chmod(0o755)
+    profile = load_profile("smoke").with_overrides(levels=[1.0])
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    result, _ = run_level_pa(profile, 1.0, pa=PerfAnalyzer(fake, tmp_path), url="localhost:1",
+                             input_data=tmp_path / "inputs.json", raw=raw, metrics_url=None)
+    assert calls.read_text().count("run") == 2
+    assert result.ok and result.requests == 1, result.error
+    assert "measuring again" in next(raw.glob("*.attempt1.log")).read_text()
