@@ -3,10 +3,12 @@
 | variant  | quant_algo (TensorRT-LLM name) | stored                               | computed with                          |
 | -------- | ------------------------------ | ------------------------------------ | -------------------------------------- |
 | fp32     | —                              | fp32 weights                         | ``torch.bmm`` over column blocks        |
-| int8_wo  | W8A16                          | int8 weights + per-channel scales    | ``torch._weight_int8pack_mm`` (bf16)    |
+| int8_wo  | W8A16                          | int8 weights + per-channel scales    | ``torch._weight_int8pack_mm`` (bf16)¹   |
 | int8_sq  | W8A8_SQ_PER_CHANNEL            | int8 (smoothed) weights, scales      | ``torch._int_mm`` on int8 activations   |
 | int4_awq | W4A16_AWQ                      | uint4 pairs + group scales and zeros | ``torch._weight_int4pack_mm_for_cpu``   |
 | fp8      | FP8                            | float8_e4m3fn + per-channel scale    | dequantised to bf16 at load             |
+
+¹ Prompt chunks of ≥ ``INT8_DEQUANT_ROWS`` rows: the weight dequantised to bf16 for one GEMM.
 
 The engine file keeps Hugging Face's per-projection tensors; at load q/k/v and gate/up are concatenated into one
 projection each (``fuse_projections``: 4 kernel calls per layer instead of 7), and the quantised variants also
@@ -19,12 +21,18 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .model import Transformer
 
 QUANT_ALGOS = {"int8_wo": "W8A16", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16_AWQ", "fp8": "FP8"}
 INT8_PACK_ROWS = 8  # _weight_int8pack_mm is fast for few rows; larger blocks are split (measured on AVX-512)
+# From this many rows (prompt chunks) a projection dequantises its weight to bf16 once and runs one bf16 GEMM:
+# 3,072 x 576 at 768 rows 12.5 → 3.8 ms, crossover ~40 rows. Not for weights past ~L2 size (the 49k-row head:
+# dequantising it costs 38 ms), which stay split.
+INT8_DEQUANT_ROWS = 40
+INT8_DEQUANT_MAX_ELEMENTS = 4 << 20
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 PER_INPUT_CHANNEL = {"smooth"}  # buffers indexed by input channel: shared by a fused group, not concatenated
@@ -99,6 +107,8 @@ class WeightOnlyInt8Linear(nn.Module):
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if rows.shape[0] <= INT8_PACK_ROWS:
             out = torch._weight_int8pack_mm(rows, self.weight, self.scales)
+        elif rows.shape[0] >= INT8_DEQUANT_ROWS and self.weight.numel() <= INT8_DEQUANT_MAX_ELEMENTS:
+            out = F.linear(rows, self.weight.to(torch.bfloat16) * self.scales[:, None])
         else:
             out = torch.cat([torch._weight_int8pack_mm(rows[i:i + INT8_PACK_ROWS], self.weight, self.scales)
                              for i in range(0, rows.shape[0], INT8_PACK_ROWS)])
