@@ -10,7 +10,7 @@ strings the ids equal ``apply_chat_template(tokenize=True)`` exactly (tests/test
 real tokenizer); forged markers in content stay plain text.
 
 Errors are ``ChatError`` (a ``ValueError``) with the rule that was broken; preprocessing sends them as
-INVALID_ARG. No torch here.
+INVALID_ARG. No transformers or torch here: the tokenizer is serving/tokenizer.py's.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+
+from serving.tokenizer import Tokenizer
 
 #: Roles a message may have. ``tool`` is refused: tool results need the OpenAI tool-call fields
 #: (``tool_call_id``, an assistant's ``tool_calls``), which we would otherwise have to drop silently.
@@ -76,12 +78,12 @@ def parse_messages(raw: str) -> list[dict[str, str]]:
 class ChatEncoder:
     """Applies one tokenizer's chat template by structure (see the module docstring)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
-        self.has_template = bool(getattr(tokenizer, "chat_template", None))
+        self.has_template = bool(tokenizer.chat_template)
         # Control tokens: the tokenizer's special added tokens; longest first, so a regex alternation
         # matches leftmost-longest, as the tokenizer's own added-token matcher does.
-        self._special_ids = {t.content: i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+        self._special_ids = tokenizer.special_ids
         names = sorted(self._special_ids, key=len, reverse=True)
         self._special = re.compile("|".join(map(re.escape, names))) if names else None
 
@@ -140,15 +142,14 @@ class ChatEncoder:
 
     def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=generation_prompt)
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt)
         except jinja2.TemplateError as exc:  # e.g. a template's raise_exception("roles must alternate")
             raise ChatError(f"the model's chat template refused this conversation: {exc}") from None
 
     def _text_ids(self, text: str) -> list[int]:
         if not text:
             return []
-        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids
+        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
 
 def _join(templates: list[str], refs: list[int], contents: list[str]) -> str:

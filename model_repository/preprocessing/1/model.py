@@ -5,7 +5,6 @@ import secrets
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from transformers import AutoTokenizer
 
 from serving.chat import ChatEncoder, default_end_id, parse_messages
 from serving.drain import PREPROCESSING_GRACE_S, DrainGate
@@ -13,6 +12,7 @@ from serving.request_params import (CONTROL_INPUTS, check_lengths, check_min_tok
                                     resolve_sampling)
 from serving.stub_python import check_stub
 from serving.text import to_word_list
+from serving.tokenizer import Tokenizer
 from serving.triton_io import (RequestError, error_response, model_parameters, scalar,
                                shutting_down_response, single_row)
 
@@ -55,7 +55,8 @@ class TritonPythonModel:
     def initialize(self, args):
         pb_utils.Logger.log_info(check_stub(args["model_name"]))
         params = model_parameters(args)
-        self.tokenizer = AutoTokenizer.from_pretrained(params["tokenizer_dir"], local_files_only=True)
+        # Not transformers' AutoTokenizer: importing it (and torch) doubled each instance's start.
+        self.tokenizer = Tokenizer.from_dir(params["tokenizer_dir"])
         self.max_input_len = int(params["max_input_len"])
         self.max_seq_len = int(params["max_seq_len"])
         self.chat = ChatEncoder(self.tokenizer)
@@ -76,8 +77,7 @@ class TritonPythonModel:
         return responses
 
     def _words(self, row) -> np.ndarray:
-        ids = [self.tokenizer(w, add_special_tokens=False, split_special_tokens=True).input_ids
-               for w in _texts(row) if w]
+        ids = [self.tokenizer.encode(w, add_special_tokens=False, split_special_tokens=True) for w in _texts(row) if w]
         return to_word_list([w for w in ids if w])[None]
 
     def _input_ids(self, request) -> tuple[list[int], str]:
@@ -91,7 +91,7 @@ class TritonPythonModel:
         if not prompt:
             raise RequestError("text_input is empty: send a prompt of at least one character")
         # Text that looks like a control token ("</s>") is text: only the tokenizer's own BOS is special.
-        return self.tokenizer(prompt, split_special_tokens=True).input_ids, "prompt"
+        return self.tokenizer.encode(prompt, split_special_tokens=True), "prompt"
 
     def _preprocess(self, request):
         input_ids, what = self._input_ids(request)
