@@ -219,6 +219,12 @@ def fake_pb_utils():
 
 
 @pytest.fixture(scope="module")
+def token_table(tiny_checkpoint) -> list[bytes]:
+    """Each token id's bytes, read from tokenizer.json by the serving code's own reader."""
+    return token_bytes_table(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
 def preprocessing(tiny_checkpoint):
     from serving.launcher import PROJECT_ROOT
 
@@ -262,7 +268,7 @@ OPTIONAL = {  # ensemble input -> strategy of values, numpy dtype (as Triton wou
 
 @fuzz("preprocessing")
 @given(data=st.data())
-def test_preprocessing_parses_any_request_without_crashing(preprocessing, data):
+def test_preprocessing_parses_any_request_without_crashing(preprocessing, token_table, data):
     text = data.draw(st.one_of(TEXT.map(lambda t: t.encode()), st.binary(max_size=40)))
     request = {"text_input": batch(text, object, rows=data.draw(st.sampled_from([1, 1, 1, 2]))),
                "max_tokens": batch(data.draw(st.integers(-2**31, 2**31 - 1)), np.int32)}
@@ -278,22 +284,16 @@ def test_preprocessing_parses_any_request_without_crashing(preprocessing, data):
         return
     out = {t.name(): t.as_numpy() for t in response.output_tensors}
     ids = out["input_ids"][0]
-    assert b"".join(preprocessing_table(preprocessing)[i] for i in ids) == text  # the prompt, byte for byte
+    assert b"".join(token_table[i] for i in ids) == text  # the prompt, byte for byte
     assert 1 <= ids.size <= 192 and out["input_lengths"][0, 0] == ids.size
     assert 1 <= out["request_output_len"][0, 0] <= 256 - ids.size
     assert out["stop_words_list"].shape[:2] == (1, 2) and out["bad_words_list"].shape[:2] == (1, 2)
     assert 0 < out["runtime_top_p"][0, 0] <= 1 and out["runtime_top_k"][0, 0] >= 0
 
 
-def preprocessing_table(model):
-    if not hasattr(model, "_rel_table"):
-        model._rel_table = token_bytes_table(model.tokenizer.name_or_path)
-    return model._rel_table
-
-
 @pytest.mark.parametrize("prompt", ["<|im_end|>", 'print("<|im_end|>")', "<|im_start|>def f():",
                                     "x = '<|endoftext|>'"])
-def test_prompt_text_is_never_a_control_token(preprocessing, prompt):
+def test_prompt_text_is_never_a_control_token(preprocessing, token_table, prompt):
     """A prompt containing the text "<|im_end|>" must reach the model as that text, not as the end-of-turn token
     (which ends the context mid-prompt and drops the text from echoes: `print("</s>")` came back as `print("")`
     with the old default model)."""
@@ -301,8 +301,8 @@ def test_prompt_text_is_never_a_control_token(preprocessing, prompt):
                                           "max_tokens": batch(4, np.int32)}])
     assert response.error is None
     ids = next(t.as_numpy() for t in response.output_tensors if t.name() == "input_ids")[0].tolist()
-    special = set(preprocessing.tokenizer.all_special_ids)
-    added = preprocessing.tokenizer("").input_ids  # what the tokenizer itself puts first (BOS, or nothing)
+    special = set(preprocessing.tokenizer.special_ids.values())
+    added = preprocessing.tokenizer.encode("")  # what the tokenizer itself puts first (BOS, or nothing)
     assert ids[:len(added)] == added
     assert not special & set(ids[len(added):]), f"{prompt!r} became control tokens: {ids}"
-    assert b"".join(preprocessing_table(preprocessing)[i] for i in ids) == prompt.encode()
+    assert b"".join(token_table[i] for i in ids) == prompt.encode()
