@@ -24,6 +24,7 @@ import jinja2.utils
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 
+
 class Tokenizer:
     """One checkpoint directory's tokenizer (``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``)."""
 
