@@ -2,10 +2,15 @@
 
 ``submit()`` is thread-safe and never blocks; one background thread owns the model, the cache and the
 scheduler, so no locks are needed on the hot path.
+
+A failure never stops that thread: what belongs to one sequence (its grammar matcher, its callbacks, its stop
+rules) ends that sequence with ``FinishReason.ERROR``; a failed batched step (the model, sampling) ends every
+sequence in it. Their slots are freed and the engine goes on with the others and with later requests.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -24,6 +29,8 @@ from .threads import on_scratch_thread
 
 CANCEL_POLL_S = 0.02  # how stale a cancellation may be before its slot is freed
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class TokenEvent:
@@ -38,6 +45,7 @@ class TokenEvent:
     sequence_index: int = 0
     logprob: float | None = None  # of token_id, when the request asked (return_log_probs)
     top_logprobs: tuple[tuple[int, float], ...] = ()  # (token, log-prob), best first, request.top_logprobs of them
+    error: str | None = None  # with FinishReason.ERROR: what failed
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,12 @@ class LLMEngine:
             while True:
                 self._drain_inbox(block=not self.scheduler.has_work() and not self._admission.stopping)
                 if self.scheduler.has_work():
-                    self._step()
+                    try:
+                        self._step()
+                    except Exception as exc:  # noqa: BLE001 - the model or the batch's sampling failed
+                        # Every sequence in the step ends. A step runs only running sequences, so a failure
+                        # that repeats every step (a broken model) empties the batch instead of spinning.
+                        self._fail(list(self.scheduler.running), exc)
                 elif self._admission.stopping:
                     return
 
@@ -129,9 +142,7 @@ class LLMEngine:
         if self._cancel_all or now >= self._next_cancel_check:
             # is_cancelled() may cost an IPC round trip (Triton), so it is polled, not called every step.
             self._next_cancel_check = now + CANCEL_POLL_S
-            for seq in list(sched.running) + list(sched.waiting):
-                if self._cancel_all or seq.request.is_cancelled():
-                    self._finish(seq, FinishReason.CANCELLED)
+            self._poll_cancellations()
         admitted = sched.admit(lambda: self.cache.free_slots, self.cache.allocate)
         self._admission.left_queue(len(admitted))
         for seq in admitted:
@@ -156,6 +167,16 @@ class LLMEngine:
             self._accept_batch(seqs, torch.cat(logits) if plan.prefill else logits[0])
         self._count_kv()
 
+    def _poll_cancellations(self) -> None:
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            try:
+                cancelled = self._cancel_all or seq.request.is_cancelled()
+            except Exception as exc:  # noqa: BLE001 - the request's own callback: it alone ends (even if waiting)
+                self._fail([seq], exc)
+                continue
+            if cancelled:
+                self._finish(seq, FinishReason.CANCELLED)
+
     def _count_kv(self) -> None:
         self._kv_tokens = sum(s.prefilled + len(s.output_ids) for s in self.scheduler.running)
 
@@ -166,7 +187,10 @@ class LLMEngine:
         if req.sampling.penalised:
             self.counts.start(seq.slot, req.prompt_ids)
         if req.guide is not None:
-            seq.matcher = req.guide.matcher(end_id=req.end_id)
+            try:
+                seq.matcher = req.guide.matcher(end_id=req.end_id)
+            except Exception as exc:  # noqa: BLE001 - this request's grammar: it alone ends, before the step
+                self._fail([seq], exc)
 
     def _spawn(self, seq: Sequence) -> list[Sequence]:
         """Once the prompt is in the cache: sequences 1..n-1 get a copy of its KV rows (and counts) in the slots
@@ -214,7 +238,7 @@ class LLMEngine:
         """Choose one token for every row of ``logits`` [B, V] at once, then apply each sequence's stop rules."""
         asked = [i for i, s in enumerate(seqs) if s.request.return_log_probs]
         table = LogProbTable(logits, asked, [seqs[i].request.top_logprobs for i in asked]) if asked else None
-        self._mask(seqs, logits)
+        failed = self._mask(seqs, logits)
         slots = [s.slot for s in seqs]
         tokens = sample(logits, [s.sampler for s in seqs], slots, self.counts)
         penalised = [i for i, s in enumerate(seqs) if s.request.sampling.penalised]
@@ -223,15 +247,22 @@ class LLMEngine:
         logprobs = table.pick(tokens) if table else None
         where = {row: j for j, row in enumerate(asked)}
         for i, (seq, token) in enumerate(zip(seqs, tokens.tolist())):
+            if i in failed:
+                self._fail([seq], failed[i])
+                continue
             j = where.get(i)
-            if j is None:
-                self._accept(seq, token)
-            else:
-                self._accept(seq, token, logprobs.chosen[j], logprobs.top[j])
+            try:
+                if j is None:
+                    self._accept(seq, token)
+                else:
+                    self._accept(seq, token, logprobs.chosen[j], logprobs.top[j])
+            except Exception as exc:  # noqa: BLE001 - its grammar, stop rules or event: it alone ends
+                self._fail([seq], exc)
 
-    def _mask(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """Bad words, the grammar, then min_tokens' ban of end_id — unless the grammar allows nothing else."""
-        rows, banned = [], []
+    def _mask(self, seqs: list[Sequence], logits: torch.Tensor) -> dict[int, Exception]:
+        """Bad words, the grammar, then min_tokens' ban of end_id — unless the grammar allows nothing else.
+        Returns the rows whose grammar failed, with the exception: _accept_batch ends them, dropping their token."""
+        rows, banned, failed = [], [], {}
         for i, seq in enumerate(seqs):
             for token in self._banned_tokens(seq):
                 rows.append(i)
@@ -242,7 +273,10 @@ class LLMEngine:
 
             bitmask = new_bitmask(len(guided), logits.shape[-1])
             for j, i in enumerate(guided):
-                seqs[i].matcher.fill(bitmask, j)
+                try:
+                    seqs[i].matcher.fill(bitmask, j)
+                except Exception as exc:  # noqa: BLE001 - one request's grammar must not fail the batch
+                    failed[i] = exc
             constrained = logits[guided]
             apply_bitmask(constrained, bitmask)
             logits[guided] = constrained
@@ -255,6 +289,7 @@ class LLMEngine:
                 banned.append(end)
         if rows:
             logits[rows, banned] = float("-inf")
+        return failed
 
     def _accept(self, seq: Sequence, token: int, logprob: float | None = None,
                 top: tuple[tuple[int, float], ...] = ()) -> None:
@@ -308,14 +343,30 @@ class LLMEngine:
         seq.tail = window[-keep:] if keep > 0 else b""
         return hit
 
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+        # Sequences 1..n-1 exist once the prompt is in (_spawn); ended before that, they end with sequence 0.
+        unborn = seq.index == 0 and (seq.slot < 0 or bool(seq.siblings))
         if seq.slot < 0:  # still waiting for a slot
             self._admission.left_queue()
         self._release(seq)
-        self._emit(seq, None, reason)
-        if seq.index == 0 and not seq.generating:  # cancelled before its siblings existed: they end with it
+        self._emit(seq, None, reason, error=error)
+        if unborn:
             for i in range(1, seq.request.num_return_sequences):
-                self._emit(Sequence(seq.request, index=i), None, reason)
+                self._emit(Sequence(seq.request, index=i), None, reason, error=error)
+
+    def _fail(self, seqs: list[Sequence], exc: Exception) -> None:
+        """End ``seqs`` with ERROR after ``exc`` (logged once, with its traceback); their slots are freed."""
+        ids = ", ".join(sorted({s.request.request_id for s in seqs}))
+        log.error("engine: ending %d sequence(s) with an error (requests: %s)", len(seqs), ids or "none",
+                  exc_info=exc)
+        error = f"{type(exc).__name__}: {exc}"
+        for seq in seqs:
+            if seq.finish_reason is not None:  # its last event went out before the failure
+                continue
+            try:
+                self._finish(seq, FinishReason.ERROR, error)
+            except Exception:  # noqa: BLE001 - on_event failing too: the slot is free, the loop goes on
+                log.exception("engine: could not report the failure of request %s", seq.request.request_id)
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
@@ -329,7 +380,7 @@ class LLMEngine:
         self._count_kv()
 
     def _emit(self, seq: Sequence, token: int | None, reason: FinishReason | None, logprob: float | None = None,
-              top: tuple[tuple[int, float], ...] = ()) -> None:
+              top: tuple[tuple[int, float], ...] = (), error: str | None = None) -> None:
         seq.finish_reason = reason
         self.on_event(TokenEvent(seq.request.request_id, token, reason, seq.prompt_len, len(seq.output_ids),
-                                 seq.index, logprob, top))
+                                 seq.index, logprob, top, error))

@@ -18,6 +18,7 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"
     STOP = "stop"
     CANCELLED = "cancelled"
+    ERROR = "error"  # the engine failed while generating it (TokenEvent.error says what)
 
 
 @dataclass

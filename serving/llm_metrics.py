@@ -40,7 +40,7 @@ class LLMMetrics:
                                          counter).Metric(labels=labels)
         self.finished = {reason: _family("llm_requests_finished_total", "Requests finished, by reason",
                                          counter).Metric(labels={**labels, "reason": reason})
-                         for reason in ("length", "stop", "cancelled")}
+                         for reason in ("length", "stop", "cancelled", "error")}
         self.queued = _family("llm_engine_queued_requests", "Requests waiting for a KV-cache slot",
                               gauge).Metric(labels=labels)
         self.active = _family("llm_engine_active_slots", "KV-cache slots holding a request", gauge).Metric(labels=labels)

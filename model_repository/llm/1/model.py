@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import triton_python_backend_utils as pb_utils
 
-from cpu_engine import (EngineLimits, GenerationRequest, LLMEngine, QueueFullError, SamplingParams,
+from cpu_engine import (EngineLimits, FinishReason, GenerationRequest, LLMEngine, QueueFullError, SamplingParams,
                         TokenEvent, load_engine)
 from serving.drain import LLM_GRACE_S, DrainGate
 from serving.llm_metrics import LLMMetrics
@@ -40,6 +40,7 @@ class _Stream:
     first_token: float | None = None
     running: int = 1  # sequences not ended yet
     output_tokens: int = 0  # of the sequences that ended
+    failed: bool = False  # the engine failed one of its sequences: the request counts as an error
 
 
 class TritonPythonModel:
@@ -227,21 +228,31 @@ class TritonPythonModel:
         stream.sequences[event.sequence_index].add([event.token_id], logprobs)
 
     def _finish(self, stream: _Stream, event: TokenEvent):
-        """One sequence ended; the request ends with its last sequence (that response is the final one)."""
+        """One sequence ended; the request ends with its last sequence (that response is the final one). A sequence
+        the engine failed ends with an INTERNAL error response instead of its output."""
         stream.running -= 1
         stream.output_tokens += event.num_output_tokens
-        chunk = stream.sequences[event.sequence_index].finish(event.finish_reason.value)
+        stream.failed |= event.finish_reason is FinishReason.ERROR
         last = stream.running == 0
         if last:
             self._forget(event.request_id)
-            self.metrics.request_finished(event.finish_reason.value, stream.arrival, stream.first_token,
-                                          time.monotonic(), event.num_input_tokens, stream.output_tokens)
-        self._send(stream, chunk, final=last)
+            self.metrics.request_finished("error" if stream.failed else event.finish_reason.value, stream.arrival,
+                                          stream.first_token, time.monotonic(), event.num_input_tokens,
+                                          stream.output_tokens)
+        if event.finish_reason is FinishReason.ERROR:
+            self._send(stream, None, final=last, error=event.error)
+        else:
+            self._send(stream, stream.sequences[event.sequence_index].finish(event.finish_reason.value), final=last)
 
-    def _send(self, stream: _Stream, chunk, final: bool):
-        """Send one response; a failed send (the client has gone) must not stop the other streams."""
+    def _send(self, stream: _Stream, chunk, final: bool, error: str | None = None):
+        """Send one response (``chunk``'s, or the engine's ``error``); a failed send (the client has gone) must not
+        stop the other streams."""
         try:
-            response = llm_response(self.table, chunk, stream.outputs)
+            if error is None:
+                response = llm_response(self.table, chunk, stream.outputs)
+            else:
+                response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                    f"the engine failed while generating this request: {error}", pb_utils.TritonError.INTERNAL))
             stream.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
         except Exception as exc:
             pb_utils.Logger.log_error(f"sending a response failed: {exc}")

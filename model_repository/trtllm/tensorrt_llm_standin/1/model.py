@@ -24,7 +24,11 @@ What it reproduces of the C++ backend, and where that was read (tensorrtllm_back
 - guided decoding only when ``guided_decoding_backend`` is ``xgrammar`` and ``xgrammar_tokenizer_info_path`` is set
   (``getGuidedDecodingConfigFromParams``), compiled with xgrammar as the executor does (cpu_engine/grammar.py);
 - a bad request gets one final response with an INTERNAL error (``enqueue``: every exception →
-  ``TRITONSERVER_ERROR_INTERNAL``), with the backend's message where the source has one.
+  ``TRITONSERVER_ERROR_INTERNAL``), with the backend's message where the source has one;
+- a request the executor fails while generating gets an INTERNAL error response, "Executor failed process
+  requestId N due to the following error: ..." (``fillTritonResponse`` on a response with ``hasError()``); here
+  each sequence the CPU engine ends with ERROR gets one (the request's last one with COMPLETE_FINAL), where the
+  executor's error ends the request at once — the same for a request of one sequence.
 """
 
 import json
@@ -38,7 +42,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from cpu_engine.token_sources import open_source
-from cpu_engine import GenerationRequest, QueueFullError, SamplingParams, TokenEvent
+from cpu_engine import FinishReason, GenerationRequest, QueueFullError, SamplingParams, TokenEvent
 from cpu_engine.engine_dir import read_config
 from serving.guides import GuideCompiler
 from serving.llm_metrics import LLMMetrics
@@ -88,6 +92,7 @@ class _Stream:
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     output_tokens: int = 0  # of the sequences that ended
+    failed: bool = False  # the engine failed one of its sequences: the request counts as an error
 
 
 class TritonPythonModel:
@@ -255,13 +260,28 @@ class TritonPythonModel:
         if ended:
             stream.running -= 1
             stream.output_tokens += event.num_output_tokens
+            stream.failed |= event.finish_reason is FinishReason.ERROR
             final = stream.running == 0
         if final:
             self._forget(event.request_id)
-            self.metrics.request_finished(event.finish_reason.value, stream.arrival, stream.first_token,
-                                          time.monotonic(), event.num_input_tokens, stream.output_tokens)
+            self.metrics.request_finished("error" if stream.failed else event.finish_reason.value, stream.arrival,
+                                          stream.first_token, time.monotonic(), event.num_input_tokens,
+                                          stream.output_tokens)
             self.metrics.update_gauges(self.source.queued, self.source.active, self.source.kv_occupancy, force=True)
             self.trt_metrics.request_finished(event.num_input_tokens, stream.output_tokens)
+        if event.finish_reason is FinishReason.ERROR:
+            response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                f"Executor failed process requestId {event.request_id} due to the following error: {event.error}",
+                pb_utils.TritonError.INTERNAL))
+        else:
+            response = self._output(stream, index, new, logprobs)
+        try:
+            stream.sender.send(response, flags=_FINAL if final else 0)
+        except Exception as exc:  # noqa: BLE001 - a client that has gone must not stop the other streams
+            pb_utils.Logger.log_error(f"tensorrt_llm stand-in: sending a response failed: {exc}")
+
+    @staticmethod
+    def _output(stream: _Stream, index: int, new: list[int], logprobs: list[float]):
         # The prompt leads the sequence's first response when it is not excluded (executor OutputConfig
         # excludeInputFromOutput; for streaming this is our reading of the executor, not observed).
         ids, stream.echo[index] = stream.echo[index] + new, []
@@ -272,13 +292,8 @@ class TritonPythonModel:
             "cum_log_probs": np.array([[stream.cum_log_probs[index]]], dtype=np.float32),
             "sequence_index": np.array([[index]], dtype=np.int32),
         }
-        response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, value)
-                                                              for name, value in values.items()
-                                                              if name in stream.outputs])
-        try:
-            stream.sender.send(response, flags=_FINAL if final else 0)
-        except Exception as exc:  # noqa: BLE001 - a client that has gone must not stop the other streams
-            pb_utils.Logger.log_error(f"tensorrt_llm stand-in: sending a response failed: {exc}")
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, value) for name, value in values.items()
+                                                          if name in stream.outputs])
 
     def _trt_stats(self) -> tuple[int, int, float]:
         """(requests in a slot, those of them with no token yet, KV occupancy), read by trt_metrics' own thread."""
