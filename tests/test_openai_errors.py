@@ -253,3 +253,17 @@ def test_catalogue_bodies_are_json_or_bytes():
         assert case[3] is None or isinstance(case[3], (bytes, dict)), case[0]
         if isinstance(case[3], dict):
             json.dumps(case[3])
+
+
+@pytest.mark.parametrize("message", [
+    "the engine failed while generating this request: ValueError: the schema must be an object",
+    "Executor failed process requestId 7 due to the following error: stop word list must be [1, 2, N]",
+])
+def test_an_engine_failure_is_a_500_whatever_its_words(message):
+    """Both layouts' words for a request the engine failed: a 500, even when the exception's text reads like a
+    client's mistake ("schema", "must be", "stop")."""
+    from client import GenerationError
+    from serving.openai.errors import from_triton
+
+    error = from_triton(GenerationError(message), "messages")
+    assert error.status == 500 and error.code == "engine_error" and message in error.message

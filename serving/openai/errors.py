@@ -111,12 +111,16 @@ def from_triton(exc: Exception, prompt_param: str, renamed: Mapping[str, str] | 
         return queue_full(f"The server is at capacity: {message}")
     if SHUTTING_DOWN in message or "accepts no new requests" in message:
         return unavailable(f"The server is shutting down: {message}", "draining")
+    if any(mark in message for mark in _ENGINE_FAILURES):  # whatever words the engine's exception holds
+        return OpenAIError(500, f"The model server failed the request: {message}", code="engine_error")
     if isinstance(exc, GenerationError) and _is_request_error(message):
         param = _named_param(message)
         return bad_request(message, param=(renamed or {}).get(param, param), code="invalid_value")
     return OpenAIError(500, f"The model server failed the request: {message}", code="engine_error")
 
 
+# A request the engine failed while generating: the CPU llm model's words, and tensorrt_llm's (fillTritonResponse).
+_ENGINE_FAILURES = ("the engine failed while generating this request", "Executor failed process requestId")
 # The beginnings of preprocessing's INVALID_ARG messages that the front door's own validation does not already
 # catch first (serving/chat.py, serving/request_params.py): a client's mistake, so 400. The engine's refusals of a
 # guide it cannot compile, and the GPU layout's of what tensorrt_llm lacks (min_p, top_logprobs), name their input.
