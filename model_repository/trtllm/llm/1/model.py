@@ -15,6 +15,9 @@ Finished BLS response iterators are kept for ``RETIRE_S`` before Python lets go 
 2.51's stub an iterator keeps every response it gave, and when the stub's own cleanup thread drops the last
 reference it frees them without the GIL — heap corruption that aborted this stub under cancellation (core dump:
 ``~ResponseIterator`` in ``Stub::ServiceStubToParentRequests``). Held here, the last reference is Python's.
+
+Known, not fixed here: with streams in several threads the Python backend's own lock order (GIL →
+``response_iterator_map_mu_`` → an iterator's ``mu_`` → GIL) can deadlock this stub (docs/gpu.md, "Open").
 """
 
 import queue
