@@ -27,10 +27,10 @@ from torch import nn
 from .model import Transformer
 
 QUANT_ALGOS = {"int8_wo": "W8A16", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16_AWQ", "fp8": "FP8"}
-INT8_PACK_ROWS = 8  # _weight_int8pack_mm is fast for few rows; larger blocks are split (measured on AVX-512)
-# From this many rows (prompt chunks) a projection dequantises its weight to bf16 once and runs one bf16 GEMM:
-# 3,072 x 576 at 768 rows 12.5 → 3.8 ms, crossover ~40 rows. Not for weights past ~L2 size (the 49k-row head:
-# dequantising it costs 38 ms), which stay split.
+# _weight_int8pack_mm's cost grows with its rows (torch 2.13: ~12 µs a row for 3,072 x 576; one call of 16-32 rows
+# is as fast as 8-row pieces or faster, 23 % on the 49k-row head). From this many rows (prompt chunks) a projection
+# dequantises its weight to bf16 once and runs one bf16 GEMM instead: 3,072 x 576 at 768 rows 12.5 → 3.8 ms,
+# crossover ~40 rows. Not weights past ~L2 size (dequantising the 49k-row head costs 38 ms).
 INT8_DEQUANT_ROWS = 40
 INT8_DEQUANT_MAX_ELEMENTS = 4 << 20
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -105,13 +105,10 @@ class WeightOnlyInt8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        if rows.shape[0] <= INT8_PACK_ROWS:
-            out = torch._weight_int8pack_mm(rows, self.weight, self.scales)
-        elif rows.shape[0] >= INT8_DEQUANT_ROWS and self.weight.numel() <= INT8_DEQUANT_MAX_ELEMENTS:
+        if rows.shape[0] >= INT8_DEQUANT_ROWS and self.weight.numel() <= INT8_DEQUANT_MAX_ELEMENTS:
             out = F.linear(rows, self.weight.to(torch.bfloat16) * self.scales[:, None])
         else:
-            out = torch.cat([torch._weight_int8pack_mm(rows[i:i + INT8_PACK_ROWS], self.weight, self.scales)
-                             for i in range(0, rows.shape[0], INT8_PACK_ROWS)])
+            out = torch._weight_int8pack_mm(rows, self.weight, self.scales)
         return out.view(*x.shape[:-1], -1).to(x.dtype)
 
     def dequantised(self) -> torch.Tensor:
