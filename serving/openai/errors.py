@@ -111,9 +111,8 @@ def from_triton(exc: Exception, prompt_param: str, renamed: Mapping[str, str] | 
         return queue_full(f"The server is at capacity: {message}")
     if SHUTTING_DOWN in message or "accepts no new requests" in message:
         return unavailable(f"The server is shutting down: {message}", "draining")
-    if any(mark in message for mark in _ENGINE_FAILURES):  # whatever words the engine's exception holds
-        return OpenAIError(500, f"The model server failed the request: {message}", code="engine_error")
-    if isinstance(exc, GenerationError) and _is_request_error(message):
+    # An engine failure is a 500 whatever words its exception holds; other refusals naming an input are the client's.
+    if isinstance(exc, GenerationError) and not _engine_failed(message) and _is_request_error(message):
         param = _named_param(message)
         return bad_request(message, param=(renamed or {}).get(param, param), code="invalid_value")
     return OpenAIError(500, f"The model server failed the request: {message}", code="engine_error")
@@ -131,6 +130,10 @@ _REQUEST_ERROR_MARKS = ("messages", "conversation", "text_input", "max_tokens", 
 _PARAMS = (("guided_decoding", "response_format"), ("schema", "response_format"), ("top_logprobs", "top_logprobs"),
            ("min_p", "min_p"), ("num_return_sequences", "n"), ("repetition_penalty", "repetition_penalty"),
            ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty"))
+
+
+def _engine_failed(message: str) -> bool:
+    return any(mark in message for mark in _ENGINE_FAILURES)
 
 
 def _is_request_error(message: str) -> bool:
