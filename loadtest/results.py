@@ -143,14 +143,13 @@ def load_export(path: Path) -> dict:
         return json.load(f)
 
 
-def export_readable(path: Path) -> bool:
-    """perf_analyzer occasionally leaves its profile export empty although the run succeeded (seen once in CI
-    under the full suite's load); the caller measures again rather than reporting a JSON traceback."""
+def read_export(path: Path) -> dict | None:
+    """The profile export, or None when it cannot be read: perf_analyzer occasionally leaves it empty although the
+    run succeeded (seen once in CI under the full suite's load), and a JSON traceback would say nothing useful."""
     try:
-        load_export(path)
+        return load_export(path)
     except (OSError, EOFError, json.JSONDecodeError):
-        return False
-    return True
+        return None
 
 
 def _last_output(outputs: list[dict], key: str) -> float | None:
@@ -231,10 +230,10 @@ def parse_level(level: float, mode: str, csv_path: Path, export_path: Path, fixe
         crow = read_pa_csv(path)
         if crow:
             result.composing[model] = server_breakdown(crow[-1])
-    if export_path.exists() and not export_readable(export_path):
+    data = read_export(export_path) if export_path.exists() else {}
+    if data is None:
         result.error = f"perf_analyzer's profile export {export_path.name} is empty or cut short"
-    elif export_path.exists():
-        data = load_export(export_path)
+    elif data:
         experiments = data.get("experiments") or []
         if experiments:
             t = request_timings(experiments[-1], fixed_count)

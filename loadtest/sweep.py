@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 from . import commands, inputs, metrics, report, slo
-from .results import LevelResult, compress, export_readable, parse_genai_perf_summary, parse_level
+from .results import LevelResult, compress, parse_genai_perf_summary, parse_level, read_export
 from .spec import DEFAULT_TOKENIZER, PACKAGE_DIR, PROJECT_ROOT, LoadProfile, level_str
 from .tools import ToolError, genai_perf_binary, genai_perf_env, setup_perf_analyzer
 
@@ -173,7 +173,7 @@ def run_level_pa(profile: LoadProfile, level: float, *, pa, url: str, input_data
                 out += f"\nloadtest: perf_analyzer exceeded the level timeout of {profile.measurement.timeout_s:g} s"
                 rc = -1
         out += f"\nloadtest: perf_analyzer exit code {rc}\n"
-        if rc != 0 or not export.exists() or export_readable(export) or attempt == 2:
+        if rc != 0 or not export.exists() or read_export(export) is not None or attempt == 2:
             break
         (raw / f"{name}.attempt1.log").write_text(out + "loadtest: the profile export is empty; measuring again\n")
         t0 = time.monotonic()
