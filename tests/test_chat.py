@@ -20,6 +20,7 @@ import tritonclient.grpc as grpcclient
 
 from serving.chat import ChatEncoder, ChatError, default_end_id, parse_messages
 from serving.tokenizer import Tokenizer
+from tests.test_tokenizer import auto_tokenizer  # transformers, the oracle
 from tests.triton_helpers import make_input, stream_request, texts
 
 pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
@@ -89,12 +90,6 @@ def test_parse_messages_returns_the_conversation():
 
 
 # ------------------------------------------------------------------------- structural tokenisation (tokenizers)
-
-
-def auto_tokenizer(checkpoint):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
 
 
 @pytest.fixture(scope="module")
