@@ -78,12 +78,15 @@ def test_sigterm_drains_open_streams_then_exits_zero(triton):
     door = FrontDoorProcess(triton.urls.grpc, extra_args=("--drain-timeout", "60"))
     results: list[tuple[str, str | None, float]] = []
     errors: list[BaseException] = []
+    accepted = threading.Semaphore(0)
 
     def stream_one():
         try:
             with openai.OpenAI(base_url=door.v1, api_key="x", max_retries=0, timeout=120) as sdk:
-                chunks = list(sdk.chat.completions.create(model=MODEL, max_tokens=200, stream=True,
-                                                          messages=[{"role": "user", "content": PROMPT}]))
+                stream = sdk.chat.completions.create(model=MODEL, max_tokens=200, stream=True,
+                                                     messages=[{"role": "user", "content": PROMPT}])
+                accepted.release()  # the front door answered with its headers: the request is in
+                chunks = list(stream)
             reason = next(c.choices[0].finish_reason for c in reversed(chunks) if c.choices)
             results.append(("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), reason,
                             time.monotonic()))
@@ -94,14 +97,13 @@ def test_sigterm_drains_open_streams_then_exits_zero(triton):
     for t in threads:
         t.start()
 
-    def in_flight() -> float:
-        return total(scrape(door.url + "/metrics"), "openai_requests_in_flight")
-
-    # More streams open than the engine has slots (some generating, some queued) when SIGTERM comes. Not "all 16":
-    # on 2 busy cores the first of the tiny model's 200-token streams can end before the 16th thread has sent its
-    # request (a CI rehearsal waited 30 s for 16 and never saw them together).
-    slots = TEST_LIMITS["max_batch_size"]
-    wait_for(lambda: in_flight() > slots, timeout=30, what=f"more than {slots} streams in flight")
+    # SIGTERM only once every one of the 16 requests has been accepted: one sent after it is rightly refused with
+    # 503 (a CI run sent SIGTERM at "more streams open than slots" and two late threads got exactly that). Not "all
+    # 16 open at once" either: on 2 busy cores the first 200-token streams of the tiny model can end before the 16th
+    # is sent. What the drain needs is asserted instead: streams still open at SIGTERM, and each one completes.
+    for _ in threads:
+        assert accepted.acquire(timeout=60), "a stream was not accepted within 60 s"
+    open_at_signal = total(scrape(door.url + "/metrics"), "openai_requests_in_flight")
     door.signal(signal.SIGTERM)
     signalled = time.monotonic()
     refused = requests.post(door.v1 + "/chat/completions", timeout=10,
@@ -113,7 +115,8 @@ def test_sigterm_drains_open_streams_then_exits_zero(triton):
         t.join(timeout=120)
     assert not errors, errors
     assert len(results) == 16 and all(reason in ("stop", "length") for _, reason, _ in results), results
-    assert any(end > signalled for _, _, end in results), "every stream had ended before SIGTERM: nothing drained"
+    assert open_at_signal > 0 and any(end > signalled for _, _, end in results), \
+        "every stream had ended before SIGTERM: nothing drained"
     assert door.wait(timeout=30) == 0, "".join(door.output)
     wait_for(lambda: _engine_idle(triton.urls.metrics), timeout=5, what="the engine idle after the drain")
 
