@@ -65,7 +65,10 @@ class NullSource:
 
     @property
     def kv_occupancy(self) -> float:
-        return 0.0  # no KV cache
+        """The share of a KV cache of ``max_batch_size`` × ``max_seq_len`` tokens that the running requests' prompt
+        and output would hold (none is kept here), so the occupancy gauge moves as an engine's would."""
+        held = sum(len(request.prompt_ids) + len(output) for request, output in list(self._running.values()))
+        return held / (self.limits.max_batch_size * self.limits.max_seq_len)
 
     def shutdown(self, timeout: float | None = None) -> None:
         self._admission.stop()

@@ -45,6 +45,7 @@ SLOTS = 8  # tests/stack.py TEST_LIMITS max_batch_size; the engine queue holds 3
 STREAMS = 32  # 8 in slots + 24 waiting: overload without rejections
 LOAD_S = 45.0
 MAX_TOKENS = 96
+GPU_STEP_MS = 20.0  # the GPU target's decode iteration (8 rows of a 7B model): 400 tokens/s, the whole engine
 # The live profiles: KEDA with every trigger on, thresholds for one test pod of 8 slots, alerts that hold 10 s
 # instead of 10 min, rules evaluated every 2 s. The GPU render has no engine-queue trigger (helm/triton-llm
 # keda-scaledobject.yaml: TensorRT-LLM's backend exports no backlog beyond its batch slots).
@@ -305,14 +306,20 @@ def _merged(base: dict, over: dict) -> dict:
 
 @contextmanager
 def _layout_server(layout: str, test_profile, docs: list[dict], tmp: Path):
-    """A tritonserver over the session engine in ``layout``, with the metrics flags of the rendered container."""
+    """A tritonserver over the session engine in ``layout``, with the metrics flags of the rendered container.
+
+    The GPU layout's stand-in gives ``null`` tokens at a GPU's pace (``GPU_STEP_MS`` a decode iteration), not the
+    tiny CPU model's: that model finishes 96 tokens long before the Python serving path on 2 cores has delivered
+    them, so its slots sat mostly empty under 32 streams (1-3 of 8; a CI run never saw 6) while the requests waited
+    downstream. On a GPU, as here, the engine holds a request until it has generated its tokens."""
     from serving.launcher import ServerConfig, TritonServer
     from tests.stack import render_layout
 
     (container,) = [c for c in kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
                     if c["name"] == "triton"]
     flags = [a for a in container.get("command", []) + container.get("args", []) if a.startswith("--metrics-config")]
-    repo = render_layout(layout, test_profile, tmp / "model_repository")
+    paced = {"token_source": "null", "null_step_ms": GPU_STEP_MS} if layout == "trtllm-standin" else {}
+    repo = render_layout(layout, test_profile, tmp / "model_repository", **paced)
     config = ServerConfig(model_repository=repo, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_secs=10,
                           log_file=tmp / "tritonserver.log", extra_args=flags)
     with TritonServer(config, ready_timeout=240) as server:

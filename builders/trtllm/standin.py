@@ -61,12 +61,14 @@ def standin_configs(profile: ServingProfile, token_source: str = "engine", optio
     return configs
 
 
-def render_layout(layout: str, profile: ServingProfile, out_dir: str | Path, token_source: str = "engine") -> Path:
-    """``profile``'s repository (a CPU profile) in ``layout``, one of LAYOUTS."""
+def render_layout(layout: str, profile: ServingProfile, out_dir: str | Path, token_source: str = "engine",
+                  null_step_ms: float = 0.0) -> Path:
+    """``profile``'s repository (a CPU profile) in ``layout``, one of LAYOUTS; the stand-in's ``token_source`` (and
+    the ``null`` source's step) apply to the GPU layout."""
     from ..repository import render_repository
 
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
     if layout == "cpu":
         return render_repository(profile, out_dir)
-    return render_repository(profile, out_dir, standin_configs(profile, token_source))
+    return render_repository(profile, out_dir, standin_configs(profile, token_source, null_step_ms=null_step_ms))
