@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +17,8 @@ from cpu_engine import (EngineLimits, FinishReason, GenerationRequest, LLMEngine
                         load_engine)
 from cpu_engine.kv_cache import KVCache
 from serving.text import token_bytes_table
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class Collector:
@@ -222,3 +227,30 @@ def test_builder_cli_offers_every_cpu_variant(tiny_checkpoint, tmp_path, capsys)
     main(["engine", "--checkpoint", str(tiny_checkpoint), "--output", str(out), "--variant", "int4_awq",
           "--calib-samples", "4"])
     assert read_config(out)["pretrained_config"]["quantization"]["quant_algo"] == "W4A16_AWQ"
+
+
+def test_the_caller_thread_runs_no_openmp_work(engine_dir):
+    """Loading and constructing the engine leave no OpenMP pool on the caller's thread (cpu_engine/threads.py): with
+    one there, libgomp stops letting the engine thread's workers spin, and int8 decode ran at ~60 % speed (a KV-sized
+    zero fill on the caller's thread did that: 95-102 → 56-61 tok/s batch-1 on the real model). Checked in a fresh
+    process by its OS threads, which an OpenMP pool adds and keeps: none may appear before the engine thread runs.
+    256 slots: the per-slot tables are then large enough for torch to split their fill over threads."""
+    code = f"""
+import os, time, torch
+torch.set_num_threads(2)
+from cpu_engine import EngineLimits, LLMEngine, load_engine
+threads = lambda: len(os.listdir("/proc/self/task"))
+before = threads()
+loaded = load_engine({str(engine_dir)!r})
+engine = LLMEngine(loaded.model, EngineLimits(max_batch_size=256, max_seq_len=256, max_num_tokens=64,
+                   max_queue_size=8), on_event=lambda e: None, dtype=loaded.compute_dtype)
+# The scratch threads' pools exit with them, a moment after join(); a pool on this thread stays for good.
+deadline = time.monotonic() + 5
+while threads() > before and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(before, threads())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = map(int, out.stdout.split()[-2:])
+    assert after == before, f"{after - before} thread(s) left by load_engine + LLMEngine() on the caller's thread"
