@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builders.cpu_build import VARIANTS as BUILD_VARIANTS
+from cpu_engine.threads import on_scratch_thread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -413,7 +414,8 @@ def build_engine(model: BenchModel, variant: str, opts: Options) -> Path:
     if (out / "config.json").exists() and cached(out, stamp):
         return out
     say(f"building engine {out.name}")
-    build_cpu_engine(model.checkpoint, out, variant=variant, limits=limits)
+    # On a scratch thread, as every torch workload of this process but the engine's (cpu_engine/threads.py).
+    on_scratch_thread(build_cpu_engine, model.checkpoint, out, variant=variant, limits=limits)
     write_stamp(out, stamp)
     return out
 
@@ -437,8 +439,6 @@ class _Stamps:
 def bench_hf(model: BenchModel, dtype_name: str, opts: Options) -> tuple[list[dict], list[list[int]]]:
     """On a scratch thread: an OpenMP pool left on this (main) thread would slow the in-process engine's thread
     measured after it (cpu_engine/threads.py)."""
-    from cpu_engine.threads import on_scratch_thread
-
     return on_scratch_thread(_bench_hf, model, dtype_name, opts)
 
 
@@ -906,7 +906,7 @@ def main(argv: list[str] | None = None) -> None:
             waited = wait_quiet(opts.wait_quiet, opts.noise_threshold)
             if waited > 2.5:
                 say(f"{label}: waited {waited:.0f} s for other processes to go quiet")
-        probe = canary()
+        probe = on_scratch_thread(canary)  # its matmul would leave an OpenMP pool on this thread
         try:
             result = fn()
         except Exception as exc:  # a peer that cannot run is reported, not fatal

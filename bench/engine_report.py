@@ -144,7 +144,7 @@ def write_markdown(data: dict, out: Path) -> Path:
         cfg = ", ".join(f"{k} {v}" for k, v in info["config"].items())
         L.append(f"- **{name}**: {info['params'] / 1e6:.1f}M params ({cfg}); "
                  + ("**random weights** (speed does not depend on them)" if info["random_weights"]
-                    else "trained default model") + f"; `{info['checkpoint']}`")
+                    else "pretrained weights: the model `make serve` serves") + f"; `{info['checkpoint']}`")
     L += ["", "Peers run one after another, never in parallel. HF `generate` and llama.cpp (llama-cpp-python holds "
           "one sequence per context) serve one request at a time, so their aggregate throughput does not grow with "
           "streams; their '1 stream' column is that one-at-a-time rate. The Triton peer goes through the whole "
