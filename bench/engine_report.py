@@ -177,8 +177,8 @@ def write_markdown(data: dict, out: Path) -> Path:
             L.append(f"| {a['model']} | {a['peer']} | {a['variant']} | {a['exact']}/{a['of']} | "
                      f"{100 * a['mean_prefix']:.0f}% |")
         L += ["", "A sequence stops matching at its first differing token; after that the continuations differ "
-              "by construction, so a low prefix on a random-weight model (near-tied logits) is expected for "
-              "reduced precisions.", ""]
+              "by construction, so a reduced precision (ours or llama.cpp's) that leaves fp32 at an early near-tie "
+              "shows a short prefix; the quality of each variant is its perplexity (docs/evaluation.md).", ""]
     for name, info in data.get("models", {}).items():
         if info.get("greedy_text"):
             L += [f"## Greedy output side by side ({name}, first prompt, first 32 tokens)", "",
