@@ -758,7 +758,7 @@ def bench_llama_cpp(model: BenchModel, gguf_type: str, path: Path, py: Path, opt
         reps.append({"ttft_s": t[0] - r["start"], "decode_tok_s": (len(t) - 1) / (t[-1] - t[0]),
                      "total_s": t[-1] - r["start"], "tokens": len(r["tokens"])})
     base = {"model": model.name, "peer": "llama.cpp", "variant": gguf_type.upper(), "load_s": res["load_s"],
-            **noise_fields(noise)}
+            "rss_mb": res["rss_mb"], **noise_fields(noise)}
     total_tokens = sum(r["tokens"] for r in reps)
     records = [
         {**base, "mode": "b1", "ttft_ms": 1e3 * statistics.median(r["ttft_s"] for r in reps[: opts.b1_reps]),

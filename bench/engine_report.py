@@ -94,7 +94,7 @@ def _results_table(data: dict, model: str) -> list[str]:
     streams = sorted({r["streams"] for r in data["records"] if r.get("mode") == "streams"})
     top = max(streams) if streams else None
     head = (["peer", "variant", "TTFT b1 (ms)", "decode b1 (tok/s)"] + [f"{c} str. (tok/s)" for c in streams]
-            + ([f"TTFT p50 @{top} (ms)"] if top else []) + ["foreign CPU (cores)", "canary (GFLOPS)"])
+            + ([f"TTFT p50 @{top} (ms)"] if top else []) + ["RSS (MB)", "foreign CPU (cores)", "canary (GFLOPS)"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     keys = sorted({(r["peer"], r["variant"]) for r in records},
                   key=lambda k: (PEER_ORDER.get(k[0], 9), k[1]))
@@ -107,6 +107,9 @@ def _results_table(data: dict, model: str) -> list[str]:
         if top:
             s = _find(records, peer=peer, variant=variant, mode="streams", streams=top)
             cells.append(_f(s and s["ttft_p50_ms"], 0) if s else "–")
+        rss = next((r.get("rss_mb") or r.get("llm_rss_mb") for r in records if r["peer"] == peer
+                    and r["variant"] == variant and (r.get("rss_mb") or r.get("llm_rss_mb"))), None)
+        cells.append(_f(rss, 0) if rss else "–")
         foreign = max((r.get("foreign_cores", 0) for r in records if r["peer"] == peer and r["variant"] == variant),
                       default=0)
         cells.append(f"{foreign:.2f}")
@@ -153,7 +156,12 @@ def write_markdown(data: dict, out: Path) -> Path:
     for name in data["models"]:
         L += [f"## Results: {name}", ""] + _results_table(data, name) + [""]
     L += _cpu_breakdown(data)
-    L += ["'foreign CPU' is the most CPU (in cores) that processes outside the benchmark used while that row was "
+    L += ["'RSS' is the resident memory of the process that holds the model, after the row's last request: "
+          "llama.cpp's own process (its GGUF is mmapped, so the pages it read count), and for Triton the llm "
+          "model's Python stub (weights, the whole KV cache, torch), after the highest concurrency. HF generate "
+          "and the in-process engine share the benchmark's process with everything else it loaded, so they have "
+          "none.", "",
+          "'foreign CPU' is the most CPU (in cores) that processes outside the benchmark used while that row was "
           "measured; above ~0.25 the row is noisy. 'canary' is a fixed 2-thread fp32 matmul timed just before the "
           "row: when it is far below the run's best, the machine itself was slow (e.g. contention from outside this "
           "VM, which no process list shows)." + _canary_range(data), ""]

@@ -75,8 +75,15 @@ def run(job: dict) -> dict:
         greedy(job["requests"][0]["ids"][:8])
     results = [greedy(r["ids"]) for r in job["requests"]]
     tokenized = [llm.tokenize(t.encode("utf-8"), add_bos=True, special=False) for t in job.get("tokenize", [])]
-    return {"load_s": load_s, "results": results, "tokenized": tokenized,
+    return {"load_s": load_s, "results": results, "tokenized": tokenized, "rss_mb": _rss_mb(),
             "version": llama_cpp.__version__, "system_info": llama_cpp.llama_print_system_info().decode()}
+
+
+def _rss_mb() -> float:
+    """This process's resident memory after the requests (the model is mmapped: its pages count once read)."""
+    with open("/proc/self/status") as status:
+        kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    return round(kb / 1024, 1)
 
 
 def logits(job: dict) -> dict:
