@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-if TYPE_CHECKING:
-    from .kv_cache import KVCache
 
 
 @dataclass(frozen=True)
@@ -89,6 +86,14 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # One fused op; in fp32 it is bit-identical to Hugging Face's five-op LlamaRMSNorm.
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class Cache(Protocol):
+    """What a forward pass needs of a KV cache (kv_cache.KVCache): per layer a (keys, values) pair of
+    [slots, positions, kv_heads, head_dim] tensors, and the dtype the model computes in."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    compute_dtype: torch.dtype
 
 
 @dataclass(frozen=True)
@@ -183,7 +188,7 @@ class Transformer(nn.Module):
         self.inv_freq = rope_inv_freq(args)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                cache: "KVCache", last_only: bool = True, last: torch.Tensor | None = None) -> torch.Tensor:
+                cache: Cache, last_only: bool = True, last: torch.Tensor | None = None) -> torch.Tensor:
         """tokens/positions: [B, T] (int64); slots: [B]. Returns fp32 logits [B, V] (last position, or column
         ``last[b]`` of each row when rows are padded) or [B, T, V]."""
         x = self.embed_tokens(tokens).to(cache.compute_dtype)

@@ -13,12 +13,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from builders import triton_config as tc
 from builders.profile import ServingProfile
+from builders.repository import render_repository
 from builders.trtllm.layout import (
     BUDGET_FILE,
     TRTLLM_INPUTS,
     engine_limits,
     model_configs_trtllm,
-    render_trtllm_repository,
 )
 from builders.trtllm.options import GpuProfile, TrtllmOptions
 from builders.trtllm.pins import BACKEND_REQUIRED_PARAMETERS
@@ -113,7 +113,7 @@ def test_budget_fills_max_tokens_in_paged_kv_cache(tmp_path):
 
 
 def test_render_writes_a_repository(tmp_path):
-    out = render_trtllm_repository(profile_for(ENGINES / "llama2-7b-int8wo"), tmp_path / "repo")
+    out = render_repository(profile_for(ENGINES / "llama2-7b-int8wo"), tmp_path / "repo")
     assert sorted(p.name for p in out.iterdir()) == ["ensemble", "llm", "preprocessing", "tensorrt_llm"]
     for name in ("preprocessing", "llm"):
         assert (out / name / "1" / "model.py").exists()

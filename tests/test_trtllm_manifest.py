@@ -13,7 +13,7 @@ import pytest
 
 from builders.profile import ServingProfile
 from builders.trtllm.gpus import lookup_gpu
-from builders.trtllm.layout import render_trtllm_repository
+from builders.repository import render_repository
 from builders.trtllm.manifest import (
     MANIFEST_FILE,
     SKIP_CHECK_ENV,
@@ -104,7 +104,7 @@ def test_tp2_engine_needs_two_gpus(tmp_path):
 
 def test_repository_check_is_what_the_launcher_calls(engine, tmp_path, monkeypatch):
     profile = ServingProfile(name="g", target="trtllm", engine_dir=engine, tokenizer_dir=tmp_path)
-    repo = render_trtllm_repository(profile, tmp_path / "repo")
+    repo = render_repository(profile, tmp_path / "repo")
     assert trtllm_engine_dirs(repo) == {"tensorrt_llm": engine}
     assert [m.variant for m in check_repository(repo, H100)] == ["fp8"]
     a100 = RuntimeInfo(TRTLLM_VERSION, TENSORRT_VERSION, (lookup_gpu("A100"),))
@@ -131,7 +131,7 @@ def test_serve_prints_the_exec_command(engine, tmp_path, monkeypatch):
     from builders.trtllm.serve import serve_main
 
     profile = ServingProfile(name="g", target="trtllm", engine_dir=engine, tokenizer_dir=tmp_path)
-    repo = render_trtllm_repository(profile, tmp_path / "repo")
+    repo = render_repository(profile, tmp_path / "repo")
     monkeypatch.setattr("builders.trtllm.manifest.detect_runtime", lambda: H100)
     out = io.StringIO()
     with redirect_stdout(out):

@@ -14,7 +14,7 @@ Public API::
     lookup_gpu(name) / detect_gpus() -> GpuSpec(s)                                  (gpus.py)
     compute_budget(shape, variant, gpu, ...) -> MemoryBudget; kv_bytes_per_token; weight_bytes  (memory.py)
     EngineManifest, check_engine(engine_dir, runtime=None), check_repository(repo, runtime=None)  (manifest.py)
-    model_configs_trtllm(profile, options=None, engine_cfg=None); render_trtllm_repository(...)   (layout.py)
+    model_configs_trtllm(profile, options=None, engine_cfg=None)   (layout.py; builders.repository renders it)
     engine_main(argv) -> int   (build.py: python -m builders engine --target trtllm ...)
 """
 
@@ -28,7 +28,7 @@ _EXPORTS = {
     "UnsupportedOnGpu": "gpus", "GpuSpec": "gpus", "compute_budget": "memory", "kv_bytes_per_token": "memory",
     "weight_bytes": "memory", "ModelShape": "memory", "MemoryBudget": "memory", "EngineManifest": "manifest",
     "EngineMismatch": "manifest", "check_engine": "manifest", "check_repository": "manifest",
-    "RuntimeInfo": "manifest", "model_configs_trtllm": "layout", "render_trtllm_repository": "layout",
+    "RuntimeInfo": "manifest", "model_configs_trtllm": "layout",
     "engine_main": "build", "TrtllmOptions": "options", "GpuProfile": "options", "BUILDER_RULES": "rules",
     "refusals": "rules", "plugin_flags": "rules",
 }

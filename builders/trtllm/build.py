@@ -132,15 +132,18 @@ def render_for(plan: BuildPlan, profile: GpuProfile, server_root, budget_tokens:
                out_dir: Path | None):
     """Render (to ``out_dir``) or just return the configs: [(name, source, ModelConfig)]."""
     from .guided import write_tokenizer_info
-    from .layout import OPTIONS_FILE, model_configs_trtllm, render_trtllm_repository
+    from ..repository import render_repository
+    from .layout import OPTIONS_FILE, model_configs_trtllm
 
     serving, options = serving_for(plan, profile, server_root, budget_tokens)
     if out_dir is not None:
         # Before rendering: the config turns guided decoding on when this file is beside the engine.
         write_tokenizer_info(plan.checkpoint, plan.output_dir)
-        render_trtllm_repository(serving, out_dir, options, engine_cfg)
+    configs = model_configs_trtllm(serving.resolved(), options, engine_cfg)
+    if out_dir is not None:
+        render_repository(serving, out_dir, configs)
         (plan.output_dir / OPTIONS_FILE).write_text(options.model_dump_json(indent=2) + "\n")
-    return model_configs_trtllm(serving.resolved(), options, engine_cfg)
+    return configs
 
 
 def print_dry_run(plan: BuildPlan, profile: GpuProfile, args, out=None) -> None:

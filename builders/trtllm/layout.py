@@ -229,11 +229,3 @@ def model_configs_trtllm(profile: ServingProfile, options: TrtllmOptions | None 
                              profile.tokenizer_dir)),
         ("ensemble", None, tc.ensemble_config(profile)),
     ]
-
-
-def render_trtllm_repository(profile: ServingProfile, out_dir: str | Path, options: TrtllmOptions | None = None,
-                             engine_cfg: dict | None = None) -> Path:
-    """Write the GPU repository (what ``render_repository`` does once it dispatches on target trtllm)."""
-    from ..repository import render_repository
-
-    return render_repository(profile, out_dir, model_configs_trtllm(profile.resolved(), options, engine_cfg))
