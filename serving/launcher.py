@@ -44,6 +44,8 @@ RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
 # After a drain nothing is in flight; what tritonserver still waits for then is a client's idle HTTP
 # keep-alive connection or a model a gRPC call left referenced (docs/reliability.md, causes D and E).
 EXIT_TIMEOUT_AFTER_DRAIN_SECS = 10
+# How long a Python-backend stub may outlive tritonserver before the launcher kills it (stubs_left_by).
+STUB_EXIT_GRACE_SECS = 10
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -127,6 +129,24 @@ def build_command(config: ServerConfig, install: TritonInstall, admin_key: str) 
 
 
 # ---------------------------------------------------------------------------------------------- server
+
+
+def stubs_left_by(server_pid: int) -> list[int]:
+    """Pids of the Python-backend stubs that tritonserver ``server_pid`` started and that still run.
+
+    Triton starts each stub with its own pid as the 5th argument (python_backend's stub_launcher). A stub
+    normally ends with its server, but the GPU layout's wrapper can hang at exit after a stream that ended in
+    an error (docs/gpu.md, "Open"); in the container tini ends it, here the launcher must.
+    """
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if len(argv) > 5 and argv[0].endswith(b"/triton_python_backend_stub") and argv[5] == str(server_pid).encode():
+            found.append(int(entry.name))
+    return found
 
 
 class TritonServer:
@@ -293,15 +313,27 @@ class TritonServer:
             self.process.wait(self.config.exit_timeout_secs + 15 if timeout is None else timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.wait()
+        return self.wait_exit()
+
+    def wait_exit(self) -> int | None:
+        """Wait for tritonserver to exit, then clean up after it: the log pump, the drain file, stray stubs."""
+        assert self.process is not None
+        self.process.wait()
         if self._echo is not None:
             self._echo.join(timeout=5)
-        self.remove_drain_file()
-        return self.process.returncode
-
-    def remove_drain_file(self) -> None:
         if self.drain_file is not None:
             shutil.rmtree(self.drain_file.parent, ignore_errors=True)
+        # Stubs finish tearing down their interpreter a moment after tritonserver exits: wait for that first.
+        deadline = time.monotonic() + STUB_EXIT_GRACE_SECS
+        while (stray := stubs_left_by(self.process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in stray:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if stray:
+            self.say(f"stopped: killed {len(stray)} Python-backend stub(s) tritonserver left running "
+                     f"(pids {', '.join(map(str, stray))})")
+        return self.process.returncode
 
     def __enter__(self) -> TritonServer:
         self.start()
@@ -425,13 +457,7 @@ def serve_until_stopped(server: TritonServer, ready_timeout: float) -> int:
 
 
 def _wait_exit(server: TritonServer) -> int:
-    if server.process is None:
-        return 1
-    server.process.wait()
-    if server._echo is not None:
-        server._echo.join(timeout=5)
-    server.remove_drain_file()
-    return _exit_code(server.returncode)
+    return 1 if server.process is None else _exit_code(server.wait_exit())
 
 
 def _exit_code(rc: int | None) -> int:

@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 
+import psutil
 import pytest
 from safetensors.torch import load_file, save_file
 
@@ -223,6 +224,13 @@ def broken_engine(engine_dir, out):
     return out
 
 
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 @pytest.mark.parametrize("which", LAYOUTS)
 def test_a_broken_engine_answers_each_request_with_an_error(which, test_profile, engine_dir, tmp_path):
     profile = test_profile.model_copy(update={"engine_dir": broken_engine(engine_dir, tmp_path / "broken")})
@@ -233,6 +241,9 @@ def test_a_broken_engine_answers_each_request_with_an_error(which, test_profile,
     message = "Executor failed process requestId" if which == "trtllm-standin" else \
         "the engine failed while generating this request"
     with TritonServer(config, ready_timeout=240) as server:
+        stubs = psutil.Process(server.process.pid).children()
+        assert stubs and all(p.cmdline()[0].endswith("/triton_python_backend_stub") for p in stubs)
+
         async def burst():  # together, so they share the failing steps: one streamed, one of n = 2 sequences
             async with AsyncLLMClient(server.urls.grpc) as client:
                 async def streamed():
@@ -268,3 +279,6 @@ def test_a_broken_engine_answers_each_request_with_an_error(which, test_profile,
             door.stop()
     text = log.read_text("utf-8", "replace")
     assert "engine: ending" in text and "Traceback" in text and cause in text
+    # The GPU layout's wrapper stub can hang at exit after a stream that ended in an error (docs/gpu.md, "Open"):
+    # the launcher ends what tritonserver left behind.
+    assert not [p.pid for p in stubs if alive(p)]
