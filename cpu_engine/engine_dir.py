@@ -6,7 +6,6 @@ Sharing the schema means the repository layout and the server launcher read CPU 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import time
 from dataclasses import dataclass
@@ -89,7 +88,6 @@ def _return_freed_memory() -> None:
     """Loading frees the file's tensors and the repacking's temporaries, but glibc keeps freed heap pages in the
     process until asked: ``malloc_trim`` gives them back (RSS after loading int4_awq 735 → 450 MB, int8_wo
     503 → 486 MB). Not glibc (musl, macOS): nothing to do."""
-    libc = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: libc is loaded already
     if trim is not None:
         trim(0)
