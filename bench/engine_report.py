@@ -107,14 +107,11 @@ def _results_table(data: dict, model: str) -> list[str]:
         if top:
             s = _find(records, peer=peer, variant=variant, mode="streams", streams=top)
             cells.append(_f(s and s["ttft_p50_ms"], 0) if s else "–")
-        rss = next((r.get("rss_mb") or r.get("llm_rss_mb") for r in records if r["peer"] == peer
-                    and r["variant"] == variant and (r.get("rss_mb") or r.get("llm_rss_mb"))), None)
+        rows = [r for r in records if r["peer"] == peer and r["variant"] == variant]
+        rss = next(filter(None, (r.get("rss_mb") or r.get("llm_rss_mb") for r in rows)), None)
         cells.append(_f(rss, 0) if rss else "–")
-        foreign = max((r.get("foreign_cores", 0) for r in records if r["peer"] == peer and r["variant"] == variant),
-                      default=0)
-        cells.append(f"{foreign:.2f}")
-        probe = next((r.get("canary") for r in records if r["peer"] == peer and r["variant"] == variant
-                      and r.get("canary")), None)
+        cells.append(f"{max((r.get('foreign_cores', 0) for r in rows), default=0):.2f}")
+        probe = next(filter(None, (r.get("canary") for r in rows)), None)
         cells.append(f"{probe['matmul_gflops']:.0f}" if probe else "–")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
