@@ -175,7 +175,11 @@ def run_level_pa(profile: LoadProfile, level: float, *, pa, url: str, input_data
         out += f"\nloadtest: perf_analyzer exit code {rc}\n"
         if rc != 0 or not export.exists() or read_export(export) is not None or attempt == 2:
             break
-        (raw / f"{name}.attempt1.log").write_text(out + "loadtest: the profile export is empty; measuring again\n")
+        (raw / f"{name}.attempt1.log").write_text(
+            out + f"loadtest: the profile export is empty or cut short ({export.stat().st_size} bytes, kept as "
+            f"{name}.attempt1.profile_export.json); measuring again\n")
+        # Moved aside, not left in place: perf_analyzer refuses an export path that already exists.
+        export.rename(raw / f"{name}.attempt1.profile_export.json")
         t0 = time.monotonic()
     (raw / f"{name}.log").write_text(out)
     fixed = commands.request_count(profile, level) > 0

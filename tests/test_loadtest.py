@@ -557,7 +557,8 @@ def test_an_empty_profile_export_is_named_not_a_json_traceback(tmp_path):
 
 def test_a_level_whose_export_came_back_empty_is_measured_again(tmp_path):
     """perf_analyzer once left its export empty after a successful run (CI, full suite's load): the level is
-    measured a second time; the first attempt's log is kept beside the level's."""
+    measured a second time; the first attempt's log is kept beside the level's. Like the real perf_analyzer, the
+    fake refuses an export path that already exists (CI caught a retry that left the empty file in place)."""
     from loadtest.sweep import run_level_pa
     from loadtest.tools import PerfAnalyzer
 
@@ -568,6 +569,9 @@ def test_a_level_whose_export_came_back_empty_is_measured_again(tmp_path):
     fake.write_text(f"""#!/bin/sh
 while [ $# -gt 0 ]; do [ "$1" = --profile-export-file ] && export_file="$2"; shift; done
 echo run >> {calls}
+if [ -e "$export_file" ]; then
+  echo "Failed to parse --profile-export-file. Path must not already exist."; exit 99
+fi
 if [ "$(wc -l < {calls})" -eq 1 ]; then : > "$export_file"; else cp {tmp_path / "good.json"} "$export_file"; fi
 """)
     fake.chmod(0o755)
@@ -579,3 +583,4 @@ if [ "$(wc -l < {calls})" -eq 1 ]; then : > "$export_file"; else cp {tmp_path / 
     assert calls.read_text().count("run") == 2
     assert result.ok and result.requests == 1, result.error
     assert "measuring again" in next(raw.glob("*.attempt1.log")).read_text()
+    assert next(raw.glob("*.attempt1.profile_export.json")).stat().st_size == 0
