@@ -124,13 +124,9 @@ def _launcher(make: subprocess.Popen, timeout: float = 10):
 
 def run(make_args: list[str], log: Path, env: dict[str, str] | None = None, ready_timeout: float = 1200) -> Outcome:
     env = dict(os.environ if env is None else env)
-    from serving.launcher import PORT_ENV, free_port
+    from serving.launcher import PORT_ENV, free_ports
 
-    ports: dict[str, str] = {}
-    for name in PORT_ENV.values():  # four distinct free ports, as the launcher picks them for port 0
-        while (port := str(free_port())) in ports.values():
-            pass
-        ports[name] = port
+    ports = dict(zip(PORT_ENV.values(), map(str, free_ports(len(PORT_ENV)))))  # four distinct free ports
     env.update(ports)
     http, grpc = f"http://localhost:{ports['HTTP_PORT']}", f"localhost:{ports['GRPC_PORT']}"
     openai = f"http://localhost:{ports['OPENAI_PORT']}"

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from serving.launcher import free_ports  # noqa: E402 - after the project root is on sys.path
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 STOP_TIMEOUT_S = 60
@@ -66,12 +67,6 @@ def sh(*args: str, check: bool = True, timeout: float = 120) -> subprocess.Compl
     return proc
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http_status(url: str, body: dict | None = None, timeout: float = 5) -> tuple[int, bytes]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -89,7 +84,7 @@ class Container:
 
     def __init__(self, image: str, name: str, extra: list[str] | None = None):
         self.image, self.name = image, name
-        self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port(), "openai": free_port()}
+        self.ports = dict(zip(("http", "grpc", "metrics", "openai"), free_ports(4)))
         self.extra = extra or []
         self.t_create = self.t_created = self.t_started = None
 

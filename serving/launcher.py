@@ -25,6 +25,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -79,9 +80,25 @@ class ServerUrls(NamedTuple):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int, taken: Collection[int] = ()) -> list[int]:
+    """``n`` distinct free ports, none in ``taken``: the sockets stay bound until all are chosen, so the kernel
+    cannot hand out the same port twice (it may, to sockets bound and closed one after another)."""
+    sockets: list[socket.socket] = []
+    try:
+        while len(sockets) < n:
+            s = socket.socket()
+            s.bind(("", 0))
+            if s.getsockname()[1] in taken:
+                s.close()
+                continue
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def check_ports(config: ServerConfig) -> None:
@@ -149,6 +166,15 @@ def stubs_left_by(server_pid: int) -> list[int]:
     return found
 
 
+def _exited(pid: int) -> bool:
+    """The process is gone or a zombie (its cmdline reads empty earlier, while it still tears down)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"  # the state field follows the parenthesised command name
+
+
 class TritonServer:
     """One tritonserver process. ``with TritonServer(cfg) as s:`` starts it and waits until it is ready."""
 
@@ -183,12 +209,8 @@ class TritonServer:
             raise RuntimeError("server already started")
         # Port 0 = any free port (tests); resolved here so .urls and the command agree.
         chosen = {getattr(self.config, k) for k in PORT_ENV} - {None}
-        for name in PORT_ENV:
-            if getattr(self.config, name) == 0:
-                while (port := free_port()) in chosen:
-                    pass
-                chosen.add(port)
-                self.config = dataclasses.replace(self.config, **{name: port})
+        unset = [name for name in PORT_ENV if getattr(self.config, name) == 0]
+        self.config = dataclasses.replace(self.config, **dict(zip(unset, free_ports(len(unset), taken=chosen))))
         repo = Path(self.config.model_repository)
         if not repo.is_dir():
             raise ServerStartError(f"model repository {repo} does not exist (build it first)")
@@ -330,6 +352,10 @@ class TritonServer:
         for pid in stray:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        # SIGKILL lands asynchronously: "stopped" is said once the stubs are gone (or zombies awaiting init).
+        deadline = time.monotonic() + STUB_EXIT_GRACE_SECS
+        while stray and not all(map(_exited, stray)) and time.monotonic() < deadline:
+            time.sleep(0.05)
         if stray:
             self.say(f"stopped: killed {len(stray)} Python-backend stub(s) tritonserver left running "
                      f"(pids {', '.join(map(str, stray))})")

@@ -28,7 +28,7 @@ import uuid
 
 import pytest
 
-from serving.launcher import free_port
+from serving.launcher import free_port, free_ports
 from test_helm import FILES, ROOT, docs_of, helm_bin, helm_env, one, profile_file, template  # noqa: F401 (fixtures)
 
 ADMIN_KEY = "chart-test-admin-key"
@@ -156,8 +156,7 @@ def chart_server(helm_bin, helm_env, request, tmp_path_factory):
     if IMAGE:
         yield from _chart_server_in_image(pod, server, args, info)
         return
-    ports = {"HTTP_PORT": free_port(), "GRPC_PORT": free_port(), "METRICS_PORT": free_port()}
-    assert len(set(ports.values())) == 3
+    ports = dict(zip(("HTTP_PORT", "GRPC_PORT", "METRICS_PORT"), free_ports(3)))
     env = dict(os.environ)
     for e in server["env"]:
         if e["name"] in ports:
@@ -197,7 +196,7 @@ def _chart_server_in_image(pod: dict, server: dict, args: list[str], info: dict)
     front = next((c for c in pod["containers"] if c["name"] == "openai"), None)
     openai_inner = next((int(a.split("=", 1)[1]) for a in (front or {}).get("command", []) if a.startswith("--port=")),
                         9000)
-    host = {k: free_port() for k in (*inner, "OPENAI_PORT")}
+    host = dict(zip((*inner, "OPENAI_PORT"), free_ports(4)))
     publish = [a for k, p in inner.items() for a in ("-p", f"127.0.0.1:{host[k]}:{p}")]
     publish += ["-p", f"127.0.0.1:{host['OPENAI_PORT']}:{openai_inner}"]  # the front door shares this netns
     subprocess.run([*_engine(), "run", "-d", "--name", name, *_engine_run_args(), *_container_args(server, pod),

@@ -18,7 +18,7 @@ import pytest
 
 from serving import stub_python
 from serving.drain import LLM_GRACE_S, PREPROCESSING_GRACE_S, DrainGate
-from serving.launcher import EXIT_TIMEOUT_AFTER_DRAIN_SECS, ServerConfig, TritonServer, build_command, free_port
+from serving.launcher import EXIT_TIMEOUT_AFTER_DRAIN_SECS, ServerConfig, TritonServer, build_command, free_ports
 from serving.server_log import FOREIGN_PYTHON_HINT, diagnose
 from serving.triton_install import (PROJECT_ROOT, ServerStartError, TritonInstall, check_project_importable,
                                     find_tritonserver, server_env)
@@ -181,7 +181,8 @@ def test_busy_port_is_reported_before_starting(install, good_repo, tmp_path):
         busy.bind(("0.0.0.0", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        config = ServerConfig(good_repo, http_port=free_port(), grpc_port=port, metrics_port=free_port())
+        http_port, metrics_port = free_ports(2)
+        config = ServerConfig(good_repo, http_port=http_port, grpc_port=port, metrics_port=metrics_port)
         server = TritonServer(config, install)
         with pytest.raises(ServerStartError, match=rf"^port {port} \(GRPC_PORT\) is already in use$"):
             server.start()
@@ -232,7 +233,7 @@ def _wait_for_line(proc: subprocess.Popen, out: Path, prefix: str, timeout: floa
 
 
 def test_cli_serves_until_sigterm(install, good_repo, tmp_path):
-    ports = [free_port(), free_port(), free_port()]
+    ports = free_ports(3)
     proc, out = _cli(good_repo, tmp_path, ports)
     try:
         ready = _wait_for_line(proc, out, "ready:", timeout=120)
@@ -247,7 +248,7 @@ def test_cli_serves_until_sigterm(install, good_repo, tmp_path):
 
 
 def test_busy_openai_port_is_named_before_starting(install, good_repo, tmp_path):
-    ports = [free_port(), free_port(), free_port()]
+    ports = free_ports(3)
     with socket.socket() as busy:
         busy.bind(("0.0.0.0", 0))
         busy.listen()
@@ -266,7 +267,7 @@ def _front_door_pid(launcher: subprocess.Popen) -> int:
 def test_front_door_starts_after_triton_and_its_death_stops_everything(install, model_repository, tmp_path):
     """make serve's front door (issue 14): started once Triton is ready, ready itself (/health) before the launcher
     says "ready:"; killed on its own, it takes the whole server down with a one-line reason and a non-zero exit."""
-    ports = [free_port() for _ in range(4)]
+    ports = free_ports(4)
     proc, out = _cli(model_repository, tmp_path, ports, openai=True)
     try:
         ready = _wait_for_line(proc, out, "ready:")
@@ -287,7 +288,7 @@ def test_front_door_starts_after_triton_and_its_death_stops_everything(install, 
 
 def test_cli_explains_a_failed_start(install, good_repo, tmp_path):
     write_model(good_repo, "broken", init="import no_such_module_xyz")
-    proc, out = _cli(good_repo, tmp_path, [free_port(), free_port(), free_port()])
+    proc, out = _cli(good_repo, tmp_path, free_ports(3))
     assert proc.wait(120) != 0
     text = out.read_text()
     assert "serving: failed to start tritonserver" in text
