@@ -7,17 +7,19 @@ exit timeout ("Exit timeout expired") and, when a composing model's queue overfl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 import urllib.error
 import urllib.request
 
+import psutil
 import pytest
 
 from client import GenerationError, LLMClient, SamplingParams
 from serving.drain import LLM_GRACE_S
-from serving.launcher import free_port
+from serving.launcher import free_ports
 from tests.reliability import relkit
 
 pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
@@ -25,15 +27,12 @@ pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with 
 STREAMS, MAX_TOKENS, EXIT_TIMEOUT = 16, 200, 20
 
 
-def stream_one(url: str, i: int, results: dict, sent: threading.Event | None = None) -> None:
+def stream_one(url: str, i: int, results: dict) -> None:
     started = time.monotonic()
     try:
         with LLMClient(url, timeout=EXIT_TIMEOUT + 10) as client:
             s = client.stream(relkit.PROMPTS[i % len(relkit.PROMPTS)], SamplingParams(max_tokens=MAX_TOKENS))
-            first = next(s, "")  # the request is sent when iteration starts; a queued one waits here
-            if sent is not None:
-                sent.set()
-            text = first + "".join(s)
+            text = "".join(s)
             results[i] = ("ok", s.completion.finish_reason, s.completion.num_output_tokens, len(text),
                           time.monotonic() - started)
     except GenerationError as exc:
@@ -42,37 +41,48 @@ def stream_one(url: str, i: int, results: dict, sent: threading.Event | None = N
 
 @pytest.fixture
 def launcher(layout_repository, tmp_path):
-    ports = [free_port(), free_port(), free_port()]
+    ports = free_ports(4)  # with the OpenAI front door, as make serve and the image run it
     out = tmp_path / "launcher.out"
     proc = relkit.launch_cli(layout_repository, out, ports, exit_timeout_secs=EXIT_TIMEOUT)
     try:
         relkit.wait_cli_ready(proc, out)
         yield proc, out, ports
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # a failed test: the whole tree, or an orphaned tritonserver keeps the ports
+            for p in relkit.process_tree(proc.pid):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
             proc.wait()
 
 
 def test_sigterm_with_16_streams_in_flight_drains_them_refuses_new_work_and_exits_0(launcher):
-    proc, out, (http_port, grpc_port, metrics_port) = launcher
+    proc, out, (http_port, grpc_port, metrics_port, _openai_port) = launcher
     grpc_url, http_url = f"localhost:{grpc_port}", f"http://localhost:{http_port}"
+    metrics_url = f"http://localhost:{metrics_port}/metrics"
+    before = relkit.snapshot(metrics_url)
     results: dict[int, tuple] = {}
-    first_token = [threading.Event() for _ in range(STREAMS)]
-    threads = [threading.Thread(target=stream_one, args=(grpc_url, i, results, first_token[i]), daemon=True)
-               for i in range(STREAMS)]
+    threads = [threading.Thread(target=stream_one, args=(grpc_url, i, results), daemon=True) for i in range(STREAMS)]
     for t in threads:
         t.start()
-    # 8 KV slots: 8 streams are generating (first token seen), the other 8 wait in the engine's queue.
-    relkit.wait_for(lambda: sum(e.is_set() for e in first_token) >= relkit.TEST_LIMITS["max_batch_size"],
-                    timeout=60, what="the first 8 streams generating", every=0.005)
+
+    def reached_engine() -> float:  # every request the llm has taken: in a slot, in its queue, or already ended
+        s = relkit.snapshot(metrics_url)
+        return s.active + s.queued + sum(s.finished.values()) - sum(before.finished.values())
+
+    # SIGTERM only once the server holds all 16 (8 KV slots: 8 generating, the rest in the engine's queue), so
+    # the drain is tested on accepted work, not on requests a client thread has not sent yet.
+    relkit.wait_for(lambda: reached_engine() >= STREAMS, timeout=60, what="all 16 requests at the engine",
+                    every=0.02)
     in_flight_at_sigterm = STREAMS - len(results)
 
     rc_holder: dict = {}
     killer = threading.Thread(target=lambda: rc_holder.update(zip(("rc", "exit_s"),
                                                                   relkit.terminate_and_wait(proc, 120))))
     killer.start()
-    time.sleep(LLM_GRACE_S + 0.2)  # the launcher is draining and its graces are over: new work is refused
+    # The graces count from the drain's start, which follows the front door's stop: new work is refused after.
+    relkit.wait_for(lambda: "draining:" in out.read_text("utf-8", "replace"), timeout=30,
+                    what="the launcher's 'draining:' line", every=0.01)
+    time.sleep(LLM_GRACE_S + 0.2)
     # urllib sends "Connection: close". requests keeps its connection open even after close(), and Triton 2.51
     # waits for every open HTTP connection before it stops, out of the same exit timeout (docs/reliability.md).
     req = urllib.request.Request(f"{http_url}/v2/models/ensemble/generate", method="POST",
