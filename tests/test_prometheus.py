@@ -46,8 +46,9 @@ STREAMS = 32  # 8 in slots + 24 waiting: overload without rejections
 LOAD_S = 45.0
 MAX_TOKENS = 96
 GPU_STEP_MS = 20.0  # the GPU target's decode iteration (8 rows of a 7B model): 400 tokens/s, the whole engine
-# The live profiles: KEDA with every trigger on, thresholds for one test pod of 8 slots, alerts that hold 10 s
-# instead of 10 min, rules evaluated every 2 s. The GPU render has no engine-queue trigger (helm/triton-llm
+# The live profiles: KEDA with every trigger on, thresholds for one test pod of 8 slots (the backlog alert's too:
+# the closed-loop queue hovers between ~16 and 24, and one evaluation below the chart's 16 would reset it), alerts
+# that hold 10 s instead of 10 min, rules evaluated every 2 s. The GPU render has no engine-queue trigger (helm/triton-llm
 # keda-scaledobject.yaml: TensorRT-LLM's backend exports no backlog beyond its batch slots).
 LIVE_VALUES = {
     "autoscaling": {"mode": "keda", "keda": {"triggers": {
@@ -55,7 +56,7 @@ LIVE_VALUES = {
         "activeSlots": {"enabled": True, "thresholdPerReplica": "6"},
         "kvCacheOccupancy": {"enabled": True, "threshold": "0.1"},
         "ttft": {"enabled": True, "thresholdSeconds": "0.3"}}}},
-    "metrics": {"prometheusRule": {"for": "10s", "interval": "2s"}},
+    "metrics": {"prometheusRule": {"for": "10s", "interval": "2s", "queueThreshold": 8}},
 }
 #: target -> (values profile, server layout, values over LIVE_VALUES, the KEDA triggers that renders)
 LIVE = {"cpu": ("cpu", "cpu", {}, {"engine-queue", "active-slots", "kv-cache-occupancy", "ttft"}),
@@ -491,6 +492,8 @@ def test_queue_alert_goes_pending_then_firing(live):
     if live.target == "gpu":
         pytest.skip("on GPU the backlog alert reads TensorRT-LLM's request_type=\"waiting\": requests in a slot the KV "
                     "cache holds back, never the queue beyond the slots; the CPU engine's cache never holds one back")
+    expr = live.queries["alert"]["TritonLLMQueueBacklog"]  # the test-sized threshold is the one Prometheus ran
+    assert expr.endswith(f"> {LIVE_VALUES['metrics']['prometheusRule']['queueThreshold']}"), expr
     states = [s for _, s in live.alert_states]
     assert "pending" in states and "firing" in states, live.alert_states
     assert states.index("pending") < states.index("firing"), live.alert_states
