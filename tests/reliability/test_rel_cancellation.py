@@ -51,8 +51,11 @@ def test_200_streams_cancelled_at_random_points_free_every_slot(server):
     # Cancelled before its llm step started, Triton drops the step (CANCELED) and no slot was ever taken.
     dropped = after.never_reached_engine - before.never_reached_engine
     ended["dropped before the engine"] = dropped
-    # A few are abandoned before their gRPC message is even issued to the ensemble: nothing to free.
-    assert 0.95 * STORM <= sum(ended.values()) <= STORM, ended
+    # A few are abandoned before their gRPC message is even issued (10 of the 200 random delays are under 10 ms):
+    # Triton never sees those. Every request it received ends once: in the engine, or dropped before it (a
+    # request cancelled between its two steps is counted by neither, hence the 5 %).
+    received = after.ensemble_done - before.ensemble_done
+    assert received >= 0.9 * STORM and 0.95 * received <= sum(ended.values()) <= received, (received, ended)
     if server.layout == "cpu":
         assert ended["cancelled"] >= len(abandoned) * 0.8, ended  # and ended because of the stop, not max_tokens
     else:
