@@ -43,6 +43,30 @@ class Collector:
             time.sleep(0.01)
 
 
+class EngineHold:
+    """An ``on_event`` wrapper that stops the engine thread inside its ``after``-th event until :meth:`release`:
+    meanwhile every running request keeps its slot, so a test acts on requests that are surely still running
+    (on 2 busy cores the tiny model's 200 tokens can otherwise end before the test thread runs again)."""
+
+    def __init__(self, inner, after: int):
+        self.inner, self.after = inner, after
+        self.holding, self._released = threading.Event(), threading.Event()
+        self._seen = 0
+
+    def __call__(self, event):
+        self.inner(event)
+        self._seen += 1  # events come from the engine thread only
+        if self._seen == self.after:
+            self.holding.set()
+            self._released.wait(60)
+
+    def wait_holding(self, timeout: float = 60) -> None:
+        assert self.holding.wait(timeout), f"the engine did not reach its event {self.after}"
+
+    def release(self) -> None:
+        self._released.set()
+
+
 @pytest.fixture(scope="module")
 def hf_model(tiny_checkpoint):
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True)
@@ -142,15 +166,16 @@ def test_bad_words_are_never_generated(engine_dir):
 def test_cancellation_frees_the_slot_and_full_queue_rejects(engine_dir):
     collector = Collector()
     cancelled = threading.Event()
-    engine = start_engine(engine_dir, collector, max_batch_size=1, max_queue_size=2)
+    hold = EngineHold(collector, after=1)
+    engine = start_engine(engine_dir, hold, max_batch_size=1, max_queue_size=2)
     engine.submit(GenerationRequest("long", [0, 1, 2], max_new_tokens=200, is_cancelled=cancelled.is_set))
-    while engine.active == 0:  # "long" holds the only slot; the next two wait in the queue
-        time.sleep(0.001)
+    hold.wait_holding()  # "long" holds the only slot; the next two wait in the queue
     engine.submit(GenerationRequest("q1", [0, 1, 2], max_new_tokens=4))
     engine.submit(GenerationRequest("q2", [0, 1, 2], max_new_tokens=4))
     with pytest.raises(QueueFullError, match="queue is full"):
         engine.submit(GenerationRequest("q3", [0, 1, 2], max_new_tokens=4))
     cancelled.set()
+    hold.release()
     collector.wait(3)
     assert collector.done["long"] == FinishReason.CANCELLED
     assert len(collector.tokens("long")) < 200

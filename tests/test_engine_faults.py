@@ -28,7 +28,7 @@ from cpu_engine import FinishReason, GenerationRequest
 from serving.launcher import ServerConfig, TritonServer
 from serving.prometheus import fetch, total
 from tests.openai_front import FrontDoorProcess
-from tests.test_engine import start_engine
+from tests.test_engine import EngineHold, start_engine
 from tests.test_engine_features import Collector
 from tests.triton_helpers import wait_for
 
@@ -136,7 +136,8 @@ def test_a_guide_without_matcher_ends_all_n_sequences(engine_dir):
 def test_a_failing_model_step_ends_its_sequences_without_spinning(engine_dir, caplog):
     healthy = alone(engine_dir, GenerationRequest("after", OTHER, max_new_tokens=12))
     collector = Collector()
-    engine = start_engine(engine_dir, collector, max_batch_size=4)
+    hold = EngineHold(collector, after=6)  # a few tokens of the three sequences of a and b
+    engine = start_engine(engine_dir, hold, max_batch_size=4)
     broken = threading.Event()
     forwards = []
 
@@ -149,11 +150,11 @@ def test_a_failing_model_step_ends_its_sequences_without_spinning(engine_dir, ca
     with caplog.at_level(logging.ERROR, logger="cpu_engine.engine"):
         engine.submit(GenerationRequest("a", PROMPT, max_new_tokens=200))
         engine.submit(GenerationRequest("b", OTHER, max_new_tokens=200, num_return_sequences=2))
-        while sum(len(collector.events.get(k, [])) for k in (("a", 0), ("b", 0), ("b", 1))) < 6:
-            time.sleep(0.001)
+        hold.wait_holding()
         broken.set()  # every step fails from now on: a broken model
         # n = 3 needs all four slots, so it is still waiting: it fails at its prefill, its unborn sequences with it.
         engine.submit(GenerationRequest("c", PROMPT, max_new_tokens=10, num_return_sequences=3))
+        hold.release()
         collector.wait(6)
         assert collector.finished() == {(rid, i): FinishReason.ERROR for rid, n in (("a", 1), ("b", 2), ("c", 3))
                                         for i in range(n)}

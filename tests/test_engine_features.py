@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from cpu_engine import FinishReason, GenerationRequest, SamplingParams
 from cpu_engine.grammar import apply_bitmask, new_bitmask
 from cpu_engine.sampling import Sampler, TokenCounts, apply_penalties, filtered_probs, sample
-from tests.test_engine import start_engine
+from tests.test_engine import EngineHold, start_engine
 
 PROMPT = [0, 10, 20, 30, 10, 40]
 
@@ -243,14 +243,15 @@ def test_n_sequences_wait_for_enough_slots_and_too_many_are_refused(engine_dir):
 def test_cancellation_ends_all_n_and_frees_their_slots(engine_dir):
     collector = Collector()
     cancel = threading.Event()
-    engine = start_engine(engine_dir, collector, max_batch_size=4)
+    hold = EngineHold(collector, after=3)  # the first token of each of "run"'s 3 sequences
+    engine = start_engine(engine_dir, hold, max_batch_size=4)
     engine.submit(GenerationRequest("run", PROMPT, max_new_tokens=200, num_return_sequences=3,
                                     is_cancelled=cancel.is_set))
     engine.submit(GenerationRequest("wait", PROMPT, max_new_tokens=200, num_return_sequences=2,
                                     is_cancelled=cancel.is_set))  # 3 + 2 > 4 slots: it waits
-    while len(collector.events) < 3:
-        time.sleep(0.001)
+    hold.wait_holding()
     cancel.set()
+    hold.release()
     collector.wait(5)
     assert collector.finished() == {(rid, i): FinishReason.CANCELLED for rid, n in (("run", 3), ("wait", 2))
                                     for i in range(n)}
