@@ -24,26 +24,45 @@ from tests.reliability import relkit
 
 pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
 
-STREAMS, MAX_TOKENS, EXIT_TIMEOUT = 16, 200, 20
+# Streams long enough that none can end before all 16 are at the engine. With 200 tokens (0.5 s in a batch of 8) a CI
+# run on 2 cores saw 8 streams end first: its client threads, started one by one, reached the engine over as long.
+# Now they connect first and send together (≤ 0.1 s here, ≤ 1.1 s with both cores taken by busy loops), and 800
+# tokens take > 2 s even for a stream alone in the engine; the engine is built with the tiny model's whole context
+# (1,024 positions, not the suite's 256). The exit timeout leaves room for the slower stand-in (12 s to drain here).
+STREAMS, MAX_TOKENS, MAX_SEQ_LEN, EXIT_TIMEOUT = 16, 800, 1024, 60
 
 
-def stream_one(url: str, i: int, results: dict) -> None:
-    started = time.monotonic()
+def stream_one(url: str, i: int, results: dict, go: threading.Barrier) -> None:
     try:
         with LLMClient(url, timeout=EXIT_TIMEOUT + 10) as client:
+            client.health()  # connected before the start signal, so the 16 requests leave together
+            go.wait()
+            started = time.monotonic()
             s = client.stream(relkit.PROMPTS[i % len(relkit.PROMPTS)], SamplingParams(max_tokens=MAX_TOKENS))
             text = "".join(s)
             results[i] = ("ok", s.completion.finish_reason, s.completion.num_output_tokens, len(text),
                           time.monotonic() - started)
-    except GenerationError as exc:
-        results[i] = ("error", str(exc)[:200], 0, 0, time.monotonic() - started)
+    except (GenerationError, threading.BrokenBarrierError) as exc:
+        results[i] = ("error", str(exc)[:200] or type(exc).__name__, 0, 0, 0.0)
+
+
+@pytest.fixture(scope="module")
+def long_repository(layout, tiny_checkpoint, tmp_path_factory):
+    """The session's tiny model and limits in ``layout``, but with room for ``MAX_TOKENS`` new tokens."""
+    from builders.cpu_build import BuildLimits, build_cpu_engine
+    from tests.stack import render_layout, stack_profile
+
+    tmp = tmp_path_factory.mktemp(f"shutdown-{layout}")
+    engine = build_cpu_engine(tiny_checkpoint, tmp / "engine",
+                              limits=BuildLimits(**dict(relkit.TEST_LIMITS, max_seq_len=MAX_SEQ_LEN)))
+    return render_layout(layout, stack_profile(engine, tiny_checkpoint), tmp / "model_repository")
 
 
 @pytest.fixture
-def launcher(layout_repository, tmp_path):
+def launcher(long_repository, tmp_path):
     ports = free_ports(4)  # with the OpenAI front door, as make serve and the image run it
     out = tmp_path / "launcher.out"
-    proc = relkit.launch_cli(layout_repository, out, ports, exit_timeout_secs=EXIT_TIMEOUT)
+    proc = relkit.launch_cli(long_repository, out, ports, exit_timeout_secs=EXIT_TIMEOUT)
     try:
         relkit.wait_cli_ready(proc, out)
         yield proc, out, ports
@@ -61,7 +80,9 @@ def test_sigterm_with_16_streams_in_flight_drains_them_refuses_new_work_and_exit
     metrics_url = f"http://localhost:{metrics_port}/metrics"
     before = relkit.snapshot(metrics_url)
     results: dict[int, tuple] = {}
-    threads = [threading.Thread(target=stream_one, args=(grpc_url, i, results), daemon=True) for i in range(STREAMS)]
+    go = threading.Barrier(STREAMS, timeout=60)
+    threads = [threading.Thread(target=stream_one, args=(grpc_url, i, results, go), daemon=True)
+               for i in range(STREAMS)]
     for t in threads:
         t.start()
 
@@ -123,6 +144,5 @@ def test_sigterm_with_16_streams_in_flight_drains_them_refuses_new_work_and_exit
         assert new.startswith("refused") or "shutting down" in new, summary
     assert rc_holder["rc"] == 0 and rc_holder["exit_s"] < EXIT_TIMEOUT, summary  # drained, exit 0
     assert "successfully unloaded 'llm'" in log
-    # Every slot generating and at least one stream waiting for a slot when SIGTERM came. Usually all 16; on 2 busy
-    # cores the test thread can see the 8th first token late, after a few 200-token streams of the tiny model ended.
+    # Every slot generating and at least one stream waiting for a slot when SIGTERM came (MAX_TOKENS' doing).
     assert in_flight_at_sigterm > relkit.TEST_LIMITS["max_batch_size"], summary
