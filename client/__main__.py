@@ -6,7 +6,8 @@ it); ``--json-schema FILE``, ``--json-object``, ``--regex``, ``--grammar FILE`` 
 
 ``chat QUESTION`` asks one question and streams the answer; ``chat`` alone reads one user turn per line from stdin
 and keeps the conversation's history (an interactive chat, or a script piped in). Failures (server errors,
-unreachable server, bad arguments) end with one line on stderr and exit code 1.
+unreachable server, bad arguments) end with one line on stderr and exit code 1; a closed stdout (``| head``) ends
+the request and exits 141, without a traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import signal
 import sys
 
 from pathlib import Path
@@ -255,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # leaving the stream's with-block already cancelled the request
         print(file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout's reader left (`| head`): the request is already cancelled; end as `cat` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit-time flush has nowhere to fail
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
