@@ -247,7 +247,11 @@ def check_drain(c: Container, results: dict, streams_each: int = 4) -> None:
 
     stopper = threading.Thread(target=stop)
     stopper.start()
-    time.sleep(1.0)
+    # Probe once the stop has reached the front door (its /health turns 503, or nothing listens): podman's own
+    # start-up before it signals is longer than any fixed pause on a busy machine.
+    health, deadline = c.openai.removesuffix("/v1") + "/health", time.monotonic() + 60
+    while stopper.is_alive() and time.monotonic() < deadline and http_status(health, timeout=2)[0] == 200:
+        time.sleep(0.05)
     # New requests while draining: the front door answers 503 (or no longer listens); Triton, once its drain has
     # begun (after the front door's streams), answers UNAVAILABLE (or no longer listens).
     probes: list[dict] = []

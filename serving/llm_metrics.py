@@ -64,9 +64,10 @@ class LLMMetrics:
         if not force and now < self._next_gauge_update:
             return
         self._next_gauge_update = now + GAUGE_PERIOD_S
+        # The cache before the counts: a scrape that sees no slot held and nothing queued sees the cache free too.
+        self.kv_occupancy.set(kv_occupancy)
         self.queued.set(queued)
         self.active.set(active)
-        self.kv_occupancy.set(kv_occupancy)
 
     def close(self) -> None:
         """Free the metrics while the stub can still tell Triton (call from ``finalize``)."""

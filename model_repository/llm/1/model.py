@@ -196,7 +196,6 @@ class TritonPythonModel:
             # Tokens that arrived together leave together: under load one response carries several tokens,
             # so responses per second do not grow with the number of streams.
             pending: dict[tuple[str, int], _Stream] = {}
-            finished = False
             for event in events:
                 if event is None:
                     stop = True
@@ -210,14 +209,12 @@ class TritonPythonModel:
                     pending[key] = stream
                 else:
                     pending.pop(key, None)
-                    finished = True
                     self._finish(stream, event)
             for (_, index), stream in pending.items():
                 chunk = stream.sequences[index].ready()
                 if chunk is not None:
                     self._send(stream, chunk, final=False)
-            self.metrics.update_gauges(self.engine.queued, self.engine.active, self.engine.kv_occupancy,
-                                       force=finished)
+            self.metrics.update_gauges(self.engine.queued, self.engine.active, self.engine.kv_occupancy)
 
     def _take(self, stream: _Stream, event: TokenEvent):
         if event.token_id is None:
@@ -239,6 +236,8 @@ class TritonPythonModel:
             self.metrics.request_finished("error" if stream.failed else event.finish_reason.value, stream.arrival,
                                           stream.first_token, time.monotonic(), event.num_input_tokens,
                                           stream.output_tokens)
+            # Before the final response: a client that has its answer reads the slot free on /metrics.
+            self.metrics.update_gauges(self.engine.queued, self.engine.active, self.engine.kv_occupancy, force=True)
         if event.finish_reason is FinishReason.ERROR:
             self._send(stream, None, final=last, error=event.error)
         else:
