@@ -71,7 +71,6 @@ def test_cli_streams_text_and_reports_ttft(triton):
     assert bad.returncode == 1 and "text_input is empty" in bad.stderr and "Traceback" not in bad.stderr
 
 
-
 def test_cli_exits_quietly_when_its_reader_leaves(triton):
     """``python -m client generate … | head -c 10``: the reader is gone before the first token is written (closed
     here at once), so the CLI's first write fails; it ends the request and exits 141 like ``cat``, no traceback."""
@@ -81,6 +80,7 @@ def test_cli_exits_quietly_when_its_reader_leaves(triton):
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 141 and b"Traceback" not in stderr and b"Exception" not in stderr, stderr.decode()
     wait_for(lambda: total(fetch(triton.urls.metrics), "llm_engine_active_slots") == 0, what="slots freed")
+
 
 def test_cancelled_streams_free_their_slots(triton):
     metrics = triton.urls.metrics

@@ -34,9 +34,15 @@ from tests.triton_helpers import wait_for  # noqa: E402 (the reliability tests c
 # ------------------------------------------------------------------------------------------- stacks
 
 
+def build_engine(checkpoint: Path, out: Path, **limits) -> Path:
+    """``checkpoint``'s CPU engine with the suite's limits (TEST_LIMITS), ``limits`` replacing some of them."""
+    from builders.cpu_build import BuildLimits, build_cpu_engine
+
+    return build_cpu_engine(checkpoint, out, limits=BuildLimits(**dict(TEST_LIMITS, **limits)))
+
+
 def build_tiny_stack(workdir: Path, limits: dict | None = None, seed: int = 0) -> tuple[Path, Path]:
     """(checkpoint, engine) of the tiny random Llama the test suite uses; cached in ``workdir``."""
-    from builders.cpu_build import BuildLimits, build_cpu_engine
     from builders.tiny_model import build_random_model
 
     workdir = Path(workdir)
@@ -47,7 +53,7 @@ def build_tiny_stack(workdir: Path, limits: dict | None = None, seed: int = 0) -
     tag = "-".join(f"{k}{v}" for k, v in sorted(limits.items()))
     engine = workdir / f"engine-{tag}"
     if not (engine / "config.json").exists():
-        build_cpu_engine(checkpoint, engine, limits=BuildLimits(**limits))
+        build_engine(checkpoint, engine, **limits)
     return checkpoint, engine
 
 

@@ -19,11 +19,8 @@ SLOTS, LLM_QUEUE, MAX_TOKENS = 2, 4, 96
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint, tmp_path_factory):
-    from builders.cpu_build import BuildLimits, build_cpu_engine
-
     work = tmp_path_factory.mktemp("overload")
-    engine = build_cpu_engine(tiny_checkpoint, work / "engine",
-                              limits=BuildLimits(**dict(relkit.TEST_LIMITS, max_batch_size=SLOTS)))
+    engine = relkit.build_engine(tiny_checkpoint, work / "engine", max_batch_size=SLOTS)
     repo = relkit.render(work / "repo", engine, tiny_checkpoint, llm_queue=LLM_QUEUE)
     server = relkit.start_server(repo, work, exit_timeout_secs=10, name="overload")
     yield server

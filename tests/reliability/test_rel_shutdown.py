@@ -49,12 +49,10 @@ def stream_one(url: str, i: int, results: dict, go: threading.Barrier) -> None:
 @pytest.fixture(scope="module")
 def long_repository(layout, tiny_checkpoint, tmp_path_factory):
     """The session's tiny model and limits in ``layout``, but with room for ``MAX_TOKENS`` new tokens."""
-    from builders.cpu_build import BuildLimits, build_cpu_engine
     from tests.stack import render_layout, stack_profile
 
     tmp = tmp_path_factory.mktemp(f"shutdown-{layout}")
-    engine = build_cpu_engine(tiny_checkpoint, tmp / "engine",
-                              limits=BuildLimits(**dict(relkit.TEST_LIMITS, max_seq_len=MAX_SEQ_LEN)))
+    engine = relkit.build_engine(tiny_checkpoint, tmp / "engine", max_seq_len=MAX_SEQ_LEN)
     return render_layout(layout, stack_profile(engine, tiny_checkpoint), tmp / "model_repository")
 
 
