@@ -45,7 +45,7 @@ RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
 # After a drain nothing is in flight; what tritonserver still waits for then is a client's idle HTTP
 # keep-alive connection or a model a gRPC call left referenced (docs/reliability.md, causes D and E).
 EXIT_TIMEOUT_AFTER_DRAIN_SECS = 10
-# How long a Python-backend stub may outlive tritonserver before the launcher kills it (stubs_left_by).
+# How long a Python-backend stub may outlive tritonserver before the launcher kills it (stubs_of).
 STUB_EXIT_GRACE_SECS = 10
 
 
@@ -148,31 +148,40 @@ def build_command(config: ServerConfig, install: TritonInstall, admin_key: str) 
 # ---------------------------------------------------------------------------------------------- server
 
 
-def stubs_left_by(server_pid: int) -> list[int]:
-    """Pids of the Python-backend stubs that tritonserver ``server_pid`` started and that still run.
+def stubs_of(server_pid: int) -> dict[int, int]:
+    """The Python-backend stubs that tritonserver ``server_pid`` started and that run now: pid -> start time.
 
     Triton starts each stub with its own pid as the 5th argument (python_backend's stub_launcher). A stub
     normally ends with its server, but the GPU layout's wrapper can hang at exit after a stream that ended in
-    an error (docs/gpu.md, "Open"); in the container tini ends it, here the launcher must.
+    an error (docs/gpu.md, "Open"); in the container tini ends it, here the launcher must. Read them while the
+    server runs: a stub that tears down its memory reads an empty cmdline before it is a zombie.
     """
-    found = []
+    found = {}
     for entry in Path("/proc").glob("[0-9]*"):
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:  # gone meanwhile, or not ours to read
             continue
         if len(argv) > 5 and argv[0].endswith(b"/triton_python_backend_stub") and argv[5] == str(server_pid).encode():
-            found.append(int(entry.name))
+            if (stat := _stat(int(entry.name))) is not None:
+                found[int(entry.name)] = stat[1]
     return found
 
 
-def _exited(pid: int) -> bool:
-    """The process is gone or a zombie (its cmdline reads empty earlier, while it still tears down)."""
+def _stat(pid: int) -> tuple[str, int] | None:
+    """The process's state letter and start time (clock ticks after boot), or None when it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] in "ZX"  # the state field follows the parenthesised command name
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # from the state field on, after the parenthesised name
+    return fields[0], int(fields[19])
+
+
+def _running(pid: int, started: int) -> bool:
+    """Still running: not gone, not a zombie, and not another process that was given the same pid since."""
+    stat = _stat(pid)
+    return stat is not None and stat[1] == started and stat[0] not in "ZX"
 
 
 class TritonServer:
@@ -193,6 +202,7 @@ class TritonServer:
         self._tail: collections.deque[str] = collections.deque(maxlen=5000)
         self._echo: threading.Thread | None = None
         self._echo_lock = threading.Lock()
+        self._stubs: dict[int, int] = {}  # stubs_of() the server, read at readiness and before its SIGTERM
 
     @property
     def urls(self) -> ServerUrls:
@@ -286,6 +296,7 @@ class TritonServer:
                 problem = f"tritonserver exited with code {self.process.returncode} before it was ready"
                 break
             if self.is_ready():
+                self._stubs.update(stubs_of(self.process.pid))
                 return
             if self.stop_requested:
                 problem = "stopped before it was ready"
@@ -317,6 +328,7 @@ class TritonServer:
     def _sigterm(self) -> None:
         self.drain()
         if self.process is not None and self.process.poll() is None:
+            self._stubs.update(stubs_of(self.process.pid))
             self.process.send_signal(signal.SIGTERM)
 
     def terminate(self) -> None:
@@ -346,15 +358,17 @@ class TritonServer:
         if self.drain_file is not None:
             shutil.rmtree(self.drain_file.parent, ignore_errors=True)
         # Stubs finish tearing down their interpreter a moment after tritonserver exits: wait for that first.
+        stubs = {**self._stubs, **stubs_of(self.process.pid)}
         deadline = time.monotonic() + STUB_EXIT_GRACE_SECS
-        while (stray := stubs_left_by(self.process.pid)) and time.monotonic() < deadline:
+        while (stray := [pid for pid, started in stubs.items() if _running(pid, started)]) and \
+                time.monotonic() < deadline:
             time.sleep(0.1)
         for pid in stray:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         # SIGKILL lands asynchronously: "stopped" is said once the stubs are gone (or zombies awaiting init).
         deadline = time.monotonic() + STUB_EXIT_GRACE_SECS
-        while stray and not all(map(_exited, stray)) and time.monotonic() < deadline:
+        while any(_running(pid, stubs[pid]) for pid in stray) and time.monotonic() < deadline:
             time.sleep(0.05)
         if stray:
             self.say(f"stopped: killed {len(stray)} Python-backend stub(s) tritonserver left running "

@@ -295,6 +295,41 @@ def test_cli_explains_a_failed_start(install, good_repo, tmp_path):
     assert "model 'broken': Internal: ModuleNotFoundError: No module named 'no_such_module_xyz'" in text
 
 
+# A stand-in tritonserver for the stop below: its "stub" holds 1 GiB it has written to (so unmapping it at exit takes
+# a while), named and numbered as python_backend's stub_launcher names its stubs; on SIGTERM the server tells the
+# stub to end, waits until the stub's command line reads empty (it is unmapping its memory, not yet a zombie), exits.
+EXITING_SERVER = """\
+import os, signal, subprocess, sys, time
+stub = subprocess.Popen(["/opt/x/triton_python_backend_stub", "-c",
+                         "import os, sys; hold = b'1' * (1 << 30); print('up', flush=True); sys.stdin.read(); os._exit(0)",
+                         "model", "region", str(os.getpid())], executable=sys.executable,
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+stub.stdout.readline()
+def stop(*_):
+    stub.stdin.close()
+    while open(f"/proc/{stub.pid}/cmdline", "rb").read():
+        time.sleep(0.001)
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+print(stub.pid, flush=True)
+signal.pause()
+"""
+
+
+def test_a_stub_still_tearing_down_when_tritonserver_exits_is_waited_for(tmp_path):
+    """CI, 2026-12-04: the launcher looked for stubs by command line only after tritonserver's exit, saw none while a
+    stub was still unmapping its memory, and returned with that stub running. It now notes them beforehand."""
+    import psutil
+
+    server = TritonServer(ServerConfig(tmp_path, drain=False))
+    server.process = subprocess.Popen([sys.executable, "-c", EXITING_SERVER], stdout=subprocess.PIPE)
+    stub = psutil.Process(int(server.process.stdout.readline()))
+    assert server.stop(timeout=30) == 0
+    try:
+        assert stub.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass
+
 # ---- the stub embeds the launcher's interpreter, whatever shell it was started from (serving/stub_python.py)
 
 STDLIB_C_MODULES = "import ssl, sqlite3, ctypes, hashlib, lzma, _ssl"
