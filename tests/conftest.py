@@ -75,11 +75,41 @@ def layout_repository(layout, test_profile, model_repository, tmp_path_factory) 
 @pytest.fixture(scope="session")
 def triton(layout, layout_repository, tmp_path_factory):
     """A real tritonserver on free ports, one per layout, shared by the whole session; ``.layout`` says which."""
+    yield from _serve(layout, layout_repository, tmp_path_factory.mktemp(f"triton-{layout}"))
+
+
+# The tiny model's whole context (the suite's engines have 256 positions, where 240 tokens take ~0.1 s): streams of
+# 800 tokens last seconds, far longer than a hang-up, a stop or a signal takes to reach the engine on any machine.
+# The tests of cancellation and drain run on it, so that no stream can end on its own before what they test arrives.
+LONG_SEQ_LEN = 1024
+
+
+@pytest.fixture(scope="session")
+def long_engine_dir(tiny_checkpoint, tmp_path_factory) -> Path:
+    from builders.cpu_build import BuildLimits, build_cpu_engine
+
+    return build_cpu_engine(tiny_checkpoint, tmp_path_factory.mktemp("engines") / "tiny-fp32-long",
+                            limits=BuildLimits(**dict(TEST_LIMITS, max_seq_len=LONG_SEQ_LEN)))
+
+
+@pytest.fixture(scope="session")
+def long_layout_repository(layout, long_engine_dir, tiny_checkpoint, tmp_path_factory) -> Path:
+    """``layout_repository`` over ``long_engine_dir``."""
+    return render_layout(layout, stack_profile(long_engine_dir, tiny_checkpoint),
+                         tmp_path_factory.mktemp(f"long-repo-{layout}") / "model_repository")
+
+
+@pytest.fixture(scope="session")
+def long_triton(layout, long_layout_repository, tmp_path_factory):
+    """``triton`` over ``long_layout_repository``."""
+    yield from _serve(layout, long_layout_repository, tmp_path_factory.mktemp(f"long-triton-{layout}"))
+
+
+def _serve(layout: str, repository: Path, log_dir: Path):
     from serving.launcher import ServerConfig, TritonServer
 
-    log = tmp_path_factory.mktemp(f"triton-{layout}") / "tritonserver.log"
-    config = ServerConfig(model_repository=layout_repository, http_port=0, grpc_port=0, metrics_port=0,
-                          exit_timeout_secs=10, log_file=log)
+    config = ServerConfig(model_repository=repository, http_port=0, grpc_port=0, metrics_port=0,
+                          exit_timeout_secs=10, log_file=log_dir / "tritonserver.log")
     with TritonServer(config, ready_timeout=240) as server:
         server.layout = layout
         yield server

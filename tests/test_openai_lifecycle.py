@@ -23,6 +23,14 @@ pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with 
 
 MODEL = "tiny"
 PROMPT = "def fibonacci(n):"
+MAX_TOKENS = 800  # seconds of generation: longer by far than a hang-up or a signal takes to reach the engine
+
+
+@pytest.fixture(scope="module")
+def triton(long_triton):
+    """This module's server: the tiny model with its whole context (tests/conftest.py LONG_SEQ_LEN), so that no
+    stream can end on its own before the hang-up or the SIGTERM it is tested with has arrived, on any machine."""
+    return long_triton
 
 
 def _engine_idle(metrics_url: str) -> bool:
@@ -33,7 +41,7 @@ def _engine_idle(metrics_url: str) -> bool:
 def _abandon_stream(url: str) -> None:
     """Open a stream, read its first event, hang up."""
     with requests.post(url + "/v1/completions", stream=True, timeout=60,
-                       json={"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "stream": True}) as response:
+                       json={"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "stream": True}) as response:
         assert response.status_code == 200, response.text
         next(response.iter_lines())
     # leaving the block closes the connection before the stream's end
@@ -74,9 +82,9 @@ def test_abandoned_non_streamed_request_is_cancelled(front, triton):
     start = now = finished()
     for _ in range(10):
         with pytest.raises(requests.exceptions.ReadTimeout):
-            # 240 tokens take the tiny model ~0.1 s on an idle machine: hang up well before
+            # MAX_TOKENS take the tiny model seconds: hang up well before
             requests.post(front.v1 + "/completions", timeout=(5, 0.02),
-                          json={"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "temperature": 1.0,
+                          json={"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 1.0,
                                 "seed": 1})
         # Idle: no slot held, nothing in the engine's or Triton's queues for 0.5 s (the slot freed, the count final);
         # within the 5 s + 1.5 s that counting the cancel and freeing the slot had before tries were repeated.
@@ -98,7 +106,7 @@ def test_sigterm_drains_open_streams_then_exits_zero(triton, request):
     def stream_one():
         try:
             with openai.OpenAI(base_url=door.v1, api_key="x", max_retries=0, timeout=120) as sdk:
-                stream = sdk.chat.completions.create(model=MODEL, max_tokens=200, stream=True,
+                stream = sdk.chat.completions.create(model=MODEL, max_tokens=MAX_TOKENS, stream=True,
                                                      messages=[{"role": "user", "content": PROMPT}])
                 accepted.release()  # the front door answered with its headers: the request is in
                 chunks = list(stream)
@@ -114,8 +122,9 @@ def test_sigterm_drains_open_streams_then_exits_zero(triton, request):
 
     # SIGTERM only once every one of the 16 requests has been accepted: one sent after it is rightly refused with
     # 503 (a CI run sent SIGTERM at "more streams open than slots" and two late threads got exactly that). Not "all
-    # 16 open at once" either: on 2 busy cores the first 200-token streams of the tiny model can end before the 16th
-    # is sent. What the drain needs is asserted instead: streams still open at SIGTERM, and each one completes.
+    # 16 open at once" either: the front door answers with headers at a stream's first token, so with 8 slots the
+    # last 8 are accepted only as the first 8 end. Those last ones then have most of their MAX_TOKENS (seconds) to go:
+    # streams still open at SIGTERM, each of which must complete.
     for _ in threads:
         assert accepted.acquire(timeout=60), "a stream was not accepted within 60 s"
     open_at_signal = total(scrape(door.url + "/metrics"), "openai_requests_in_flight")

@@ -41,14 +41,15 @@ def text_inputs(prompt: str, max_tokens: int, **optional) -> list[grpcclient.Inf
     return inputs
 
 
-def stream_request(grpc_url: str, model: str, inputs, timeout: float = 120.0, outputs: list[str] | None = None):
+def stream_request(grpc_url: str, model: str, inputs, timeout: float = 120.0, outputs: list[str] | None = None,
+                   request_id: str = ""):
     """Send one request over the gRPC stream API; return (list of response dicts, error or None). ``outputs``:
     the output names to ask for (None: all of them)."""
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
         client.start_stream(callback=lambda result, error: results.put((result, error)))
-        client.async_stream_infer(model, inputs, enable_empty_final_response=True,
+        client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True,
                                   outputs=[grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None)
         responses = []
         while True:

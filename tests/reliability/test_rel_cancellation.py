@@ -11,23 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import uuid
 
 import pytest
 
 from client import LLMClient, SamplingParams
+from client.core import stop_inputs
+from serving.prometheus import fetch, total
 from tests.reliability import relkit
+from tests.triton_helpers import stream_request, text_inputs
 
 pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
 
 STORM = 200
-MAX_TOKENS = 200
+# On the tiny model with its whole context (tests/conftest.py LONG_SEQ_LEN): a stream lasts seconds, so every stream
+# abandoned in the storm's first 0.25 s is still running when its cancel and stop arrive, however slow the machine.
+MAX_TOKENS = 800
 
 
 @pytest.fixture(scope="module")
-def server(layout_repository, tmp_path_factory):
-    server = relkit.start_server(layout_repository, tmp_path_factory.mktemp("cancel"), exit_timeout_secs=10,
+def server(long_layout_repository, tmp_path_factory):
+    server = relkit.start_server(long_layout_repository, tmp_path_factory.mktemp("cancel"), exit_timeout_secs=10,
                                  name="cancellation")
-    server.layout = "trtllm-standin" if (layout_repository / "tensorrt_llm").exists() else "cpu"
+    server.layout = "trtllm-standin" if (long_layout_repository / "tensorrt_llm").exists() else "cpu"
     yield server
     if server.returncode is None:
         server.stop()
@@ -36,7 +42,7 @@ def server(layout_repository, tmp_path_factory):
 def test_200_streams_cancelled_at_random_points_free_every_slot(server):
     with LLMClient(server.urls.grpc) as client:  # reference output, before the storm
         reference = [client.generate(p, SamplingParams(max_tokens=16)).text for p in relkit.PROMPTS]
-    before = relkit.snapshot(server.urls.metrics)
+    before = relkit.settled(server.urls.metrics)  # the reference requests counted too (Triton counts after the answer)
     rss_before = relkit.rss_tree_mib(server.process.pid)
 
     records = asyncio.run(relkit.cancel_storm(server.urls.grpc, STORM, concurrency=8, max_tokens=MAX_TOKENS,
@@ -45,24 +51,25 @@ def test_200_streams_cancelled_at_random_points_free_every_slot(server):
     assert after.kv == 0
     assert len(records) == STORM
     abandoned = [r for r in records if not r["completed"]]
-    assert len(abandoned) >= STORM * 0.8, "the storm must abandon most streams mid-flight"
+    assert len(abandoned) == STORM, "a stream ran to its end within the storm's 0.25 s"
     assert any(r["deltas"] == 0 for r in abandoned) and any(r["deltas"] > 3 for r in abandoned)
     ended = {k: after.finished[k] - before.finished[k] for k in after.finished}
     # Cancelled before its llm step started, Triton drops the step (CANCELED) and no slot was ever taken.
     dropped = after.never_reached_engine - before.never_reached_engine
     ended["dropped before the engine"] = dropped
-    # A few are abandoned before their gRPC message is even issued (10 of the 200 random delays are under 10 ms):
-    # Triton never sees those. Every request it received ends once: in the engine, or dropped before it (a
-    # request cancelled between its two steps is counted by neither, hence the 5 %).
+    # Some are abandoned before the SDK has even issued their gRPC call (the random delays start at 0): Triton never
+    # sees those, but it saw every stream that got a token. Every request it received ends once: in the engine, or
+    # dropped before it (a request cancelled between its two steps is counted by neither, hence the 5 %).
     received = after.ensemble_done - before.ensemble_done
-    assert received >= 0.9 * STORM and 0.95 * received <= sum(ended.values()) <= received, (received, ended)
-    if server.layout == "cpu":
-        assert ended["cancelled"] >= len(abandoned) * 0.8, ended  # and ended because of the stop, not max_tokens
+    # (Triton counts a request dropped between steps twice, so received can exceed STORM by those.)
+    seen = sum(r["deltas"] > 0 for r in records)
+    assert seen <= received and 0.95 * received <= sum(ended.values()) <= received, (seen, received, ended)
+    if server.layout == "cpu":  # each one the engine took ended because of its stop: none at max_tokens, no error
+        assert {k for k, n in ended.items() if n} <= {"cancelled", "dropped before the engine"}, ended
     else:
-        # Documented difference (docs/gpu.md): each token crosses one more process, so the client reads the tiny
-        # model's tokens after they are made and some stops arrive after the last one (155 of 200 cancelled, 32
-        # to length, measured on a loaded machine; how many depends on the load, so only "some" is asserted).
-        assert ended["cancelled"] >= 1, ended
+        # Documented difference (docs/gpu.md): a few stops reach tensorrt_llm too late even for 800-token streams
+        # (0-5 of 200 ran to length in five storms here); none may end in an error.
+        assert ended["cancelled"] >= received / 2 and not ended.get("error"), ended
 
     with LLMClient(server.urls.grpc) as client:  # later requests are unaffected
         assert [client.generate(p, SamplingParams(max_tokens=16)).text for p in relkit.PROMPTS] == reference
@@ -85,6 +92,25 @@ def test_how_each_client_frees_the_slot(server):
     assert all(r["reason"] == "length" and r["tokens"] >= MAX_TOKENS - 1 for r in rows["raw ensemble cancel"])
     assert all(r["reason"] == "cancelled" and r["tokens"] < MAX_TOKENS / 2 for r in rows["llm cancel"])
     assert all(r["reason"] == "cancelled" and r["tokens"] < MAX_TOKENS / 2 for r in rows["SDK abandon"])
+
+
+def test_a_stop_that_overtakes_its_request_ends_it_on_arrival(server):
+    """The SDK's ``stop`` goes straight to ``llm``; its request goes through preprocessing first and can arrive after
+    it (serving/early_stops.py: the storm above saw one of 200 run to max_tokens so). Here in that order on purpose."""
+    request_id = f"overtaken-{uuid.uuid4().hex}"
+    _, error = stream_request(server.urls.grpc, "llm", stop_inputs(), request_id=request_id)
+    assert error is not None and "no running request" in str(error), error
+
+    def generated(prompt: str, max_tokens: int) -> float:
+        before = total(fetch(server.urls.metrics), "llm_generation_tokens_total")
+        _, error = stream_request(server.urls.grpc, "ensemble", text_inputs(prompt, max_tokens, stream=True),
+                                  request_id=request_id)
+        assert error is None, error
+        relkit.settled(server.urls.metrics, quiet_s=0.5)
+        return total(fetch(server.urls.metrics), "llm_generation_tokens_total") - before
+
+    assert generated("def f(x):", MAX_TOKENS) < MAX_TOKENS / 2  # ended at once (the engine polls every 20 ms)
+    assert generated("def g(x):", 4) == 4  # the remembered stop ended one request, not every later one of that id
 
 
 def test_abandoned_ensemble_streams_do_not_stay_in_flight(server):

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with 
 # Streams long enough that none can end before all 16 are at the engine. With 200 tokens (0.5 s in a batch of 8) a CI
 # run on 2 cores saw 8 streams end first: its client threads, started one by one, reached the engine over as long.
 # Now they connect first and send together (≤ 0.1 s here, ≤ 1.1 s with both cores taken by busy loops), and 800
-# tokens take > 2 s even for a stream alone in the engine; the engine is built with the tiny model's whole context
-# (1,024 positions, not the suite's 256). The exit timeout leaves room for the slower stand-in (12 s to drain here).
-STREAMS, MAX_TOKENS, MAX_SEQ_LEN, EXIT_TIMEOUT = 16, 800, 1024, 60
+# tokens take > 2 s even for a stream alone in the engine (tests/conftest.py's long_layout_repository: the tiny model
+# with its whole context). The exit timeout leaves room for the slower stand-in (12 s to drain here).
+STREAMS, MAX_TOKENS, EXIT_TIMEOUT = 16, 800, 60
 
 
 def stream_one(url: str, i: int, results: dict, go: threading.Barrier) -> None:
@@ -46,21 +46,11 @@ def stream_one(url: str, i: int, results: dict, go: threading.Barrier) -> None:
         results[i] = ("error", str(exc)[:200] or type(exc).__name__, 0, 0, 0.0)
 
 
-@pytest.fixture(scope="module")
-def long_repository(layout, tiny_checkpoint, tmp_path_factory):
-    """The session's tiny model and limits in ``layout``, but with room for ``MAX_TOKENS`` new tokens."""
-    from tests.stack import render_layout, stack_profile
-
-    tmp = tmp_path_factory.mktemp(f"shutdown-{layout}")
-    engine = relkit.build_engine(tiny_checkpoint, tmp / "engine", max_seq_len=MAX_SEQ_LEN)
-    return render_layout(layout, stack_profile(engine, tiny_checkpoint), tmp / "model_repository")
-
-
 @pytest.fixture
-def launcher(long_repository, tmp_path):
+def launcher(long_layout_repository, tmp_path):
     ports = free_ports(4)  # with the OpenAI front door, as make serve and the image run it
     out = tmp_path / "launcher.out"
-    proc = relkit.launch_cli(long_repository, out, ports, exit_timeout_secs=EXIT_TIMEOUT)
+    proc = relkit.launch_cli(long_layout_repository, out, ports, exit_timeout_secs=EXIT_TIMEOUT)
     try:
         relkit.wait_cli_ready(proc, out)
         yield proc, out, ports

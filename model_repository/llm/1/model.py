@@ -17,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 from cpu_engine import (EngineLimits, FinishReason, GenerationRequest, LLMEngine, QueueFullError, SamplingParams,
                         TokenEvent, load_engine)
 from serving.drain import LLM_GRACE_S, DrainGate
+from serving.early_stops import TTL_S, EarlyStops
 from serving.llm_metrics import LLMMetrics
 from serving.guides import GuideCompiler
 from serving.request_params import (CONTROL_INPUTS, check_lengths, check_min_tokens, resolve_controls, resolve_end_id,
@@ -59,6 +60,7 @@ class TritonPythonModel:
         self._streams: dict[str, _Stream] = {}
         self._by_client_id: dict[str, str] = {}  # client request id → ours, for the `stop` input
         self._stopped: set[str] = set()
+        self._early_stops = EarlyStops()  # stops that overtook their request (serving/early_stops.py)
         self.metrics = LLMMetrics(args["model_name"], args["model_version"])
         self.gate = DrainGate()
         self._events: queue.SimpleQueue = queue.SimpleQueue()
@@ -96,6 +98,8 @@ class TritonPythonModel:
             self._streams[gen.request_id] = stream
             if stream.client_id:
                 self._by_client_id[stream.client_id] = gen.request_id
+                if self._early_stops.claim(stream.client_id):  # its stop came first: it ends at its first step
+                    self._stopped.add(gen.request_id)
             try:
                 self.engine.submit(gen)
                 submitted = True
@@ -114,7 +118,10 @@ class TritonPythonModel:
         """TensorRT-LLM's ``stop`` input: end the running request with the same request id."""
         ours = self._by_client_id.get(client_id) if client_id else None
         if ours is None:
-            raise RequestError(f"stop: no running request with id {client_id!r}")
+            if client_id:
+                self._early_stops.remember(client_id)
+            raise RequestError(f"stop: no running request with id {client_id!r} (one that arrives with this id "
+                               f"within {TTL_S:.0f} s is ended at once)")
         self._stopped.add(ours)
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 

@@ -32,6 +32,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from serving.drain import LLM_GRACE_S, DrainGate
+from serving.early_stops import TTL_S, EarlyStops
 from serving.guides import GuideCompiler
 from serving.request_params import CONTROL_INPUTS, resolve_controls
 from serving.sequence_output import Chunk, SequenceOutput, TokenLogprob
@@ -87,6 +88,7 @@ class TritonPythonModel:
         self._inflight_lock = threading.Lock()
         self._closing = threading.Event()
         self._to_end: queue.SimpleQueue[str] = queue.SimpleQueue()  # streams a client's `stop` named
+        self._early_stops = EarlyStops()  # stops that overtook their request (serving/early_stops.py)
         self._retired: deque[tuple[float, object]] = deque()  # (release time, finished BLS iterator)
         self._canceller = threading.Thread(target=self._watch_cancellation, name="llm-cancel", daemon=True)
         self._canceller.start()
@@ -111,6 +113,8 @@ class TritonPythonModel:
             bls_id = uuid.uuid4().hex  # the client's id may be empty or shared; ours names exactly this stream
             with self._inflight_lock:
                 self._inflight[bls_id] = _Inflight(sender, request.request_id())
+            if request.request_id() and self._early_stops.claim(request.request_id()):  # its stop came first
+                self._to_end.put(bls_id)
             self.pool.submit(self._stream, inputs, wanted, sequences, sender, outputs, bls_id)
         return None
 
@@ -119,7 +123,10 @@ class TritonPythonModel:
         with self._inflight_lock:
             ours = [bls_id for bls_id, f in self._inflight.items() if client_id and f.client_id == client_id]
         if not ours:
-            raise RequestError(f"stop: no running request with id {client_id!r}")
+            if client_id:
+                self._early_stops.remember(client_id)
+            raise RequestError(f"stop: no running request with id {client_id!r} (one that arrives with this id "
+                               f"within {TTL_S:.0f} s is ended at once)")
         for bls_id in ours:
             self._to_end.put(bls_id)
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
