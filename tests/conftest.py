@@ -86,10 +86,10 @@ LONG_SEQ_LEN = 1024
 
 @pytest.fixture(scope="session")
 def long_engine_dir(tiny_checkpoint, tmp_path_factory) -> Path:
-    from builders.cpu_build import BuildLimits, build_cpu_engine
+    from tests.reliability.relkit import build_engine
 
-    return build_cpu_engine(tiny_checkpoint, tmp_path_factory.mktemp("engines") / "tiny-fp32-long",
-                            limits=BuildLimits(**dict(TEST_LIMITS, max_seq_len=LONG_SEQ_LEN)))
+    return build_engine(tiny_checkpoint, tmp_path_factory.mktemp("engines") / "tiny-fp32-long",
+                        max_seq_len=LONG_SEQ_LEN)
 
 
 @pytest.fixture(scope="session")

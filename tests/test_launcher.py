@@ -300,10 +300,9 @@ def test_cli_explains_a_failed_start(install, good_repo, tmp_path):
 # stub to end, waits until the stub's command line reads empty (it is unmapping its memory, not yet a zombie), exits.
 EXITING_SERVER = """\
 import os, signal, subprocess, sys, time
-stub = subprocess.Popen(["/opt/x/triton_python_backend_stub", "-c",
-                         "import os, sys; hold = b'1' * (1 << 30); print('up', flush=True); sys.stdin.read(); os._exit(0)",
-                         "model", "region", str(os.getpid())], executable=sys.executable,
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+code = "import os, sys; hold = b'1' * (1 << 30); print('up', flush=True); sys.stdin.read(); os._exit(0)"
+stub = subprocess.Popen(["/opt/x/triton_python_backend_stub", "-c", code, "model", "region", str(os.getpid())],
+                        executable=sys.executable, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 stub.stdout.readline()
 def stop(*_):
     stub.stdin.close()
