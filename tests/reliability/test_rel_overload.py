@@ -37,12 +37,15 @@ def test_ten_times_capacity_is_refused_fast_and_the_rest_completes(server):
     # ...at once, not after waiting for a slot (60 s run, quiet machine: p50 7.5 ms, p99 83 ms; the bounds leave
     # room for a shared 2-core CI box, where the client itself sends ~200 requests/s)
     assert r["reject_p50_ms"] < 100 and r["reject_p99_ms"] < 1000
-    # ...and the server keeps working at capacity meanwhile: both slots busy and requests waiting in (nearly) every
-    # once-a-second sample. Its completion rate is only a floor: on 2 cores the load generator takes CPU from the
-    # engine (60 s run, docs/reliability.md: 5.7 completed per s against the 10.4 measured without it).
+    # ...and the server keeps working at capacity meanwhile: requests waiting in (nearly) every once-a-second sample,
+    # and both slots in use. Not "both slots busy in every sample": a slot freed by a finished request is filled at
+    # the engine's next step, and a CI run's sample caught that moment twice in 9 (1 active, 4 queued). Its completion
+    # rate is only a floor: on 2 cores the load generator takes CPU from the engine (60 s run, docs/reliability.md:
+    # 5.7 completed per s against the 10.4 measured without it).
     during = [row for row in result["samples"] if 1 <= row["t"] <= 10 and row["active"] is not None]
-    saturated = [row for row in during if row["active"] == SLOTS and row["queued"] >= 1]
-    assert len(during) >= 5 and len(saturated) >= 0.8 * len(during), result["samples"]
+    waiting = [row for row in during if row["queued"] >= 1]
+    assert len(during) >= 5 and len(waiting) >= 0.8 * len(during), result["samples"]
+    assert max(row["active"] for row in during) == SLOTS, result["samples"]
     assert r["completed_rps"] >= 0.3 * r["capacity_rps"]
     assert r["rss_peak_mib"] - r["rss_baseline_mib"] < 200  # memory bounded
     after = relkit.idle(server.urls.metrics, timeout=30)
