@@ -28,11 +28,10 @@ class DynamicBatcher(_Strict):
 
 
 class Stage(_Strict):
-    """The tokeniser stage: instances and batching (None: no dynamic batcher, the default: in Triton 2.51 its queue
-    can hold a request for its 500 ms idle timeout while every instance is busy, docs/reliability.md B12)."""
+    """The tokeniser stage: instances and batching (None: no dynamic batcher)."""
 
     instances: int = Field(1, ge=1)
-    batcher: DynamicBatcher | None = None
+    batcher: DynamicBatcher | None = DynamicBatcher()
 
 
 class LLMStage(_Strict):

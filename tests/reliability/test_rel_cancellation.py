@@ -30,10 +30,9 @@ STORM = 200
 def server(layout, layout_repository, long_layout_repository, tmp_path_factory):
     """CPU layout: the tiny model with its whole context (tests/conftest.py LONG_SEQ_LEN) and 800-token streams, so
     every stream abandoned in the storm's first 0.25 s is still running when its cancel and stop arrive, however
-    slow the machine. The stand-in keeps the suite's engine and 200-token streams: every stop it sends is a decoupled
-    BLS call, and a storm of them over streams that last seconds (a late stop is re-sent every 0.5 s until the
-    stream ends) is what wedged its wrapper in python_backend's lock-order deadlock (docs/gpu.md, "Open") in a CI
-    rehearsal."""
+    slow the machine. The stand-in keeps the suite's engine and 200-token streams, the setting with the longer
+    record: its wrapper can wedge in python_backend's lock-order deadlock under many BLS streams (docs/gpu.md,
+    "Open"), and its documented stop losses do not depend on the length."""
     repository = long_layout_repository if layout == "cpu" else layout_repository
     server = relkit.start_server(repository, tmp_path_factory.mktemp("cancel"), exit_timeout_secs=10,
                                  name="cancellation")
