@@ -102,7 +102,11 @@ def test_how_each_client_frees_the_slot(server):
 
 def test_a_stop_that_overtakes_its_request_ends_it_on_arrival(server):
     """The SDK's ``stop`` goes straight to ``llm``; its request goes through preprocessing first and can arrive after
-    it (serving/early_stops.py). Here in that order on purpose."""
+    it (serving/early_stops.py). Here in that order on purpose. CPU layout only: the stand-in's wrapper ends a request
+    its early stop names through its usual stop, which can lose the race to the BLS request and is re-sent after
+    0.5 s (docs/gpu.md, documented difference), when the tiny model's 200 tokens may be done (a CI rehearsal saw it)."""
+    if server.layout != "cpu":
+        pytest.skip("the stand-in's stops can arrive after the tiny model's last token (docs/gpu.md)")
     request_id = f"overtaken-{uuid.uuid4().hex}"
     _, error = stream_request(server.urls.grpc, "llm", stop_inputs(), request_id=request_id)
     assert error is not None and "no running request" in str(error), error
