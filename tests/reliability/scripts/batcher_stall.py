@@ -5,9 +5,9 @@ of each burst is refused by the llm's queue, as in test_serving_engine's full-qu
 (level=TIMESTAMPS) gives every model request's QUEUE_START → COMPUTE_START; the table counts waits over 400 ms, the
 signature of Triton 2.51's dynamic batcher stalling for its 500 ms idle timeout. Compare:
 
-    python tests/reliability/scripts/batcher_stall.py --batcher-queue 128  # a dynamic batcher with a queue bound
+    python tests/reliability/scripts/batcher_stall.py --batcher-queue 128  # bounded, as the profiles have it
     python tests/reliability/scripts/batcher_stall.py --batcher-queue 0    # a dynamic batcher, unbounded queue
-    python tests/reliability/scripts/batcher_stall.py                      # no batcher (the default profiles)
+    python tests/reliability/scripts/batcher_stall.py                      # no batcher
 """
 
 from __future__ import annotations
