@@ -27,7 +27,7 @@ def model_configs(profile: ServingProfile):
     limits = engine_limits(profile)
     return [
         ("preprocessing", "preprocessing", tc.preprocessing_config(profile, limits)),
-        (profile.llm_model_name, "llm", tc.cpu_llm_config(profile, limits)),
+        (profile.llm_model_name, "llm", tc.llm_config(profile, limits)),
         ("ensemble", None, tc.ensemble_config(profile)),
     ]
 

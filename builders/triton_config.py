@@ -119,7 +119,8 @@ def preprocessing_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
     return cfg
 
 
-def cpu_llm_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
+def llm_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
+    """The ``llm`` model of both layouts (the GPU layout adds its executor's settings: trtllm/layout.py)."""
     cfg = _python_model(p.llm_model_name, p.max_batch_size, LLM_INPUTS + LLM_CONTROL_INPUTS, LLM_OUTPUTS,
                         p.llm.instances,
                         {"engine_dir": p.engine_dir, "tokenizer_dir": p.tokenizer_dir,

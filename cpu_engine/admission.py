@@ -1,6 +1,9 @@
 """Bounded, thread-safe admission: what every token source (the CPU engine, the stand-in's null source) does
 when a request arrives — refuse fast when shutting down or when the wait queue is full, else count it waiting
-until it holds a slot. Overload is a quick QueueFullError (→ UNAVAILABLE), never an unbounded queue."""
+until it holds a slot. Overload is a quick QueueFullError (→ UNAVAILABLE), never an unbounded queue.
+
+Liveness probes (serving/health.py) are counted apart, outside that bound: an engine whose queue is full still
+answers them. A few may wait at once (a probe of a stuck engine times out and the next one comes)."""
 
 from __future__ import annotations
 
@@ -11,10 +14,14 @@ class QueueFullError(RuntimeError):
     pass
 
 
+MAX_WAITING_PROBES = 4
+
+
 class Admission:
     def __init__(self, max_waiting: int):
         self.max_waiting = max_waiting
         self._waiting = 0  # admitted, not yet holding a slot (any thread reads; the lock guards writes)
+        self._probes = 0  # liveness probes admitted, not yet in the probe row
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
@@ -26,11 +33,20 @@ class Admission:
                 raise QueueFullError(f"request queue is full ({self.max_waiting} waiting); retry later")
             self._waiting += 1
 
-    def left_queue(self, count: int = 1) -> None:
-        """``count`` admitted requests got a slot or ended before getting one."""
-        if count:
+    def admit_probe(self) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                raise QueueFullError("the engine is shutting down and accepts no new requests")
+            if self._probes >= MAX_WAITING_PROBES:
+                raise QueueFullError(f"{MAX_WAITING_PROBES} liveness probes are already waiting for the engine")
+            self._probes += 1
+
+    def left_queue(self, count: int = 1, probes: int = 0) -> None:
+        """``count`` admitted requests (and ``probes`` probes) got a slot or ended before getting one."""
+        if count or probes:
             with self._lock:
                 self._waiting -= count
+                self._probes -= probes
 
     def stop(self) -> None:
         self._stopping.set()

@@ -23,6 +23,7 @@ from .admission import Admission
 from .kv_cache import KVCache
 from .model import Transformer
 from .sampling import LogProbTable, Sampler, TokenCounts, sample
+from .stop_strings import StopStrings
 from .scheduler import FinishReason, GenerationRequest, Scheduler, Sequence
 from .threads import on_scratch_thread
 
@@ -64,7 +65,7 @@ class LLMEngine:
         # Zeroing the cache and the token counts are parallel ops: off the caller's thread (threads.py; the counts
         # zeroed here cost batch-1 int8 decode 40 %, tests/test_engine.py checks that no pool is left).
         self.cache = on_scratch_thread(KVCache, model.args, limits.max_batch_size, limits.max_seq_len, dtype)
-        self.counts = on_scratch_thread(TokenCounts, limits.max_batch_size, model.args.vocab_size)
+        self.counts = on_scratch_thread(TokenCounts, limits.max_batch_size + 1, model.args.vocab_size)  # + probe row
         self.scheduler = Scheduler(limits.max_batch_size, limits.max_num_tokens)
         self.on_event = on_event
         self.token_bytes = token_bytes
@@ -84,11 +85,12 @@ class LLMEngine:
         if request.num_return_sequences > self.limits.max_batch_size:  # it would wait for slots forever
             raise ValueError(f"num_return_sequences {request.num_return_sequences} exceeds the engine's "
                              f"max_batch_size {self.limits.max_batch_size}")
-        self._admission.admit()
-        stop_bytes = []
-        if self.token_bytes is not None:
-            stop_bytes = [b"".join(self.token_bytes[i] for i in w) for w in request.stop_words]
-        self._inbox.put(Sequence(request, sampler=Sampler(request.sampling), stop_bytes=stop_bytes))
+        if request.probe:  # outside the bounded queue: a full queue is exactly when liveness must still pass
+            self._admission.admit_probe()
+        else:
+            self._admission.admit()
+        stops = StopStrings.of(self.token_bytes, request.stop_words) if self.token_bytes is not None else None
+        self._inbox.put(Sequence(request, sampler=Sampler(request.sampling), stops=stops))
 
     @property
     def queued(self) -> int:
@@ -144,8 +146,8 @@ class LLMEngine:
             # is_cancelled() may cost an IPC round trip (Triton), so it is polled, not called every step.
             self._next_cancel_check = now + CANCEL_POLL_S
             self._poll_cancellations()
-        admitted = sched.admit(lambda: self.cache.free_slots, self.cache.allocate)
-        self._admission.left_queue(len(admitted))
+        admitted = sched.admit(lambda: self.cache.free_slots, self.cache.allocate, self.cache.allocate_probe)
+        self._admission.left_queue(sum(not s.request.probe for s in admitted), sum(s.request.probe for s in admitted))
         for seq in admitted:
             self._start(seq)
         plan = sched.plan()
@@ -169,7 +171,7 @@ class LLMEngine:
         self._count_kv()
 
     def _poll_cancellations(self) -> None:
-        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting) + list(self.scheduler.probes):
             try:
                 cancelled = self._cancel_all or seq.request.is_cancelled()
             except Exception as exc:  # noqa: BLE001 - the request's own callback: it alone ends (even if waiting)
@@ -198,7 +200,7 @@ class LLMEngine:
         held for them, and start decoding from the same last-prompt logits. Returns all n."""
         req = seq.request
         children = [Sequence(req, index=i, slot=slot, prefilled=seq.prefilled, sampler=Sampler(req.sampling, i),
-                             stop_bytes=seq.stop_bytes) for i, slot in enumerate(seq.siblings, start=1)]
+                             stops=seq.stops and seq.stops.fresh()) for i, slot in enumerate(seq.siblings, start=1)]
         if children:
             self.cache.copy_prefix(seq.slot, seq.siblings, seq.prefilled)
             for child in children:
@@ -335,20 +337,13 @@ class LLMEngine:
             return False
         if self.token_bytes is None:  # no tokenizer: token-level match only
             return any(seq.output_ids[-len(w):] == w for w in words)
-        # Match on bytes, so a stop string tokenised differently in context than alone still stops,
-        # even when it ends inside the new token.
-        new = self.token_bytes[token]
-        window = seq.tail + new
-        hit = any(s and s in window[-(len(s) + len(new) - 1):] for s in seq.stop_bytes)
-        keep = max(len(s) for s in seq.stop_bytes) - 1
-        seq.tail = window[-keep:] if keep > 0 else b""
-        return hit
+        return seq.stops.hit(self.token_bytes[token])  # on text: stop_strings.py
 
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         # Sequences 1..n-1 exist once the prompt is in (_spawn); ended before that, they end with sequence 0.
         unborn = seq.index == 0 and (seq.slot < 0 or bool(seq.siblings))
         if seq.slot < 0:  # still waiting for a slot
-            self._admission.left_queue()
+            self._admission.left_queue(probes=int(seq.request.probe), count=int(not seq.request.probe))
         self._release(seq)
         self._emit(seq, None, reason, error=error)
         if unborn:

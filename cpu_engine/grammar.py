@@ -136,8 +136,10 @@ class Matcher:
 
 
 class CompiledGuide:
-    def __init__(self, grammar: xgr.CompiledGrammar):
+    def __init__(self, grammar: xgr.CompiledGrammar, guide_type: str, guide: str):
         self._grammar = grammar
+        # The source, for an engine that compiles guides itself (TensorRT-LLM's executor: GuidedDecodingParams).
+        self.guide_type, self.guide = guide_type, guide
 
     def matcher(self, end_id: int | None = None) -> Matcher:
         """A fresh matcher. When the guide is complete only the stop token is allowed: ``end_id`` (the request's),
@@ -187,7 +189,7 @@ class Grammars:
                 grammar = compiler.compile_grammar(guide)
         except RuntimeError as error:  # xgrammar's compile errors, with a C++ source location in front
             raise GuideError(f"{guide_type}: {_strip_cxx(error)}") from None
-        return CompiledGuide(grammar)
+        return CompiledGuide(grammar, guide_type, guide)
 
 
 def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:

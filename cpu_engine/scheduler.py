@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .sampling import Sampler, SamplingParams
+from .stop_strings import StopStrings
 
 
 class FinishReason(str, enum.Enum):
@@ -38,6 +39,8 @@ class GenerationRequest:
     # A compiled grammar: guide.matcher(end_id=...) gives each sequence an object with fill(bitmask, row),
     # accept(token) and finished() (cpu_engine/grammar.py); end_id is the stop token it allows once complete.
     guide: object | None = None
+    # A liveness probe (serving/health.py): one token in the cache's reserved row, ahead of every waiting request.
+    probe: bool = False
 
     def __post_init__(self):
         if not 1 <= self.num_return_sequences <= 8:
@@ -56,8 +59,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     sampler: Sampler | None = None
-    stop_bytes: list[bytes] = field(default_factory=list)  # stop words as text bytes
-    tail: bytes = b""  # last bytes of the output, for stop strings that span tokens
+    stops: StopStrings | None = None  # the stop words on text (None: matched on token ids)
     matcher: object | None = None  # the grammar's state for this sequence (request.guide)
 
     @property
@@ -84,18 +86,26 @@ class Scheduler:
         self.num_slots = num_slots
         self.token_budget = max(token_budget, num_slots + 1)
         self.waiting: deque[Sequence] = deque()
+        self.probes: deque[Sequence] = deque()  # liveness probes: they wait only for the probe row
         self.running: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        (self.probes if seq.request.probe else self.waiting).append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.probes)
 
-    def admit(self, free_slots: Callable[[], int], allocate_slot: Callable[[], int]) -> list[Sequence]:
-        """Oldest first, each with a slot for every one of its sequences; a request asking for more slots than
-        are free waits (and so do the ones behind it). Returns the admitted sequences."""
+    def admit(self, free_slots: Callable[[], int], allocate_slot: Callable[[], int],
+              allocate_probe: Callable[[], int | None]) -> list[Sequence]:
+        """A probe first, in the probe row; then oldest first, each with a slot for every one of its sequences; a
+        request asking for more slots than are free waits (and so do the ones behind it). Returns the admitted
+        sequences."""
         admitted = []
+        if self.probes and (slot := allocate_probe()) is not None:
+            seq = self.probes.popleft()
+            seq.slot = slot
+            self.running.append(seq)
+            admitted.append(seq)
         while self.waiting and free_slots() >= self.waiting[0].request.num_return_sequences:
             seq = self.waiting.popleft()
             seq.slot = allocate_slot()
@@ -122,3 +132,5 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.probes:
+            self.probes.remove(seq)

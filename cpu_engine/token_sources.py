@@ -52,7 +52,7 @@ class NullSource:
     def submit(self, request: GenerationRequest) -> None:
         if request.num_return_sequences != 1:
             raise ValueError("the null token source makes one sequence per request (num_return_sequences 1)")
-        self._admission.admit()
+        self._admission.admit_probe() if request.probe else self._admission.admit()
         self._inbox.put(request)
 
     @property
@@ -87,7 +87,10 @@ class NullSource:
             try:
                 item = self._inbox.get(block=idle)
                 while True:
-                    if item is not None:
+                    if item is not None and item.probe:  # a liveness probe never waits for a slot
+                        self._running[item.request_id] = (item, [])
+                        self._admission.left_queue(count=0, probes=1)
+                    elif item is not None:
                         self._waiting.append(item)
                     item = self._inbox.get_nowait()
             except queue.Empty:

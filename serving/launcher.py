@@ -13,7 +13,6 @@ import collections
 import contextlib
 import dataclasses
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -387,10 +386,15 @@ class TritonServer:
 # ---------------------------------------------------------------------------------------------- CLI
 
 
+#: The GPU layout's llm runs TensorRT-LLM's executor from these bindings (builders/trtllm/layout.py TRTLLM_BINDINGS).
+TRTLLM_BINDINGS = "tensorrt_llm.bindings.executor"
+
+
 def tensorrt_llm_models(model_repository: Path) -> list[str]:
-    """Models of the repository served by the C++ ``tensorrtllm`` backend (a cheap look at the configs)."""
+    """Models of the repository that run TensorRT-LLM engines (a cheap look at the configs; the CPU stand-in's
+    bindings are others)."""
     return sorted(cfg.parent.name for cfg in Path(model_repository).glob("*/config.pbtxt")
-                  if re.search(r'^\s*backend:\s*"tensorrtllm"', cfg.read_text(), re.M))
+                  if f'"{TRTLLM_BINDINGS}"' in cfg.read_text())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,30 +1,31 @@
-"""The metric families TensorRT-LLM's C++ Triton backend registers, exported by the ``tensorrt_llm`` stand-in
-(model_repository/trtllm/tensorrt_llm_standin) through Triton's custom-metrics API, so the chart's GPU queries
-(helm/triton-llm, ``target: gpu``) run against live series on CPU (tests/test_prometheus.py).
+"""The metric families TensorRT-LLM's C++ Triton backend registers, exported by the GPU layout's ``llm`` model from
+its executor's iteration stats (serving/executor_engine.py), so the chart's GPU queries (helm/triton-llm,
+``target: gpu``) and an inference gateway's endpoint picker read the names they know — on a GPU, and on CPU from the
+stand-in executor (tests/test_prometheus.py).
 
 Names, label keys and label values are those of NVIDIA/TensorRT-LLM
-``triton_backend/inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc`` (two stored versions
-of the 1.x line read, identical here; the exact release/1.2.1 file the r26.07 image builds could not be read):
-every series carries ``model`` and ``version``, plus one category label per family. What the values mean comes from
-``model_instance_state.cc`` ``WaitForStats`` (the executor's iteration stats) and ``WaitForResponse`` /
-``reportCustomMetrics`` (token lengths per finished request), and the executor
-(``cpp/tensorrt_llm/executor/executorImpl.cpp``: ``getCurrentIterationStats``, ``fetchNewRequests``):
+``triton_backend/inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc``, and each value is
+read from the same ``IterationStats`` field as the backend's ``WaitForStats`` reads it (``model_instance_state.cc``;
+two stored versions of the 1.x line read, identical here; the exact release/1.2.1 files could not be read):
 
-- ``active`` = requests the executor has taken into its batch, at most ``max`` = ``maxNumActiveRequests`` (the
-  model's max_batch_size without pipeline parallelism); the backlog beyond it is the executor's
-  ``numQueuedRequests``, **which the backend does not export**;
-- ``scheduled`` = requests in this iteration's batch; ``waiting`` = active - scheduled: requests in a slot that the
-  capacity scheduler held back (KV blocks short, token budget spent), never the backlog beyond the slots.
+- ``nv_trt_llm_request_metrics``: ``active`` = num_active_requests (requests the executor has taken into its batch, at
+  most ``max`` = max_num_active_requests), ``scheduled`` / ``context`` from the in-flight batching stats, ``waiting`` =
+  active − scheduled (requests in a slot the capacity scheduler held back — never the backlog beyond the slots, which
+  is num_queued_requests and which the backend does not export);
+- ``nv_trt_llm_kv_cache_block_metrics``: ``max`` / ``free`` / ``used`` / ``tokens_per`` / ``reused`` blocks and
+  ``fraction`` = used / max;
+- ``nv_trt_llm_inflight_batcher_metrics``: ``total_context_tokens``, ``generation_requests``, ``micro_batch_id``,
+  ``paused_requests``;
+- ``nv_trt_llm_general_metrics``: ``iteration_counter`` and ``timestamp`` (µs since the epoch);
+- ``nv_llm_input_token_len`` / ``nv_llm_output_token_len`` histograms, once per finished request.
 
-Not reproduced (nothing on CPU to report, and no chart query reads them): ``nv_trt_llm_runtime_memory_metrics``
-(the runtime's own GPU/pinned allocations), ``nv_trt_llm_disaggregated_serving_metrics``,
-``nv_trt_llm_general_metrics`` (the executor's iteration counter and timestamp), and the
-``total_context_tokens`` label of ``nv_trt_llm_inflight_batcher_metrics`` (prompt tokens in this iteration: the
-token source does not say which prompt chunk each step ran).
+Not exported: ``nv_trt_llm_runtime_memory_metrics`` (the runtime's GPU/pinned allocations; nothing on CPU to report)
+and the disaggregated-serving counters (not used here).
 """
 
 from __future__ import annotations
 
+import datetime
 import threading
 from collections.abc import Callable
 
@@ -37,63 +38,68 @@ TOKEN_LEN_BUCKETS = [10.0, 50.0, 100.0, 500.0, 1000.0]
 #: model_instance_state.cc: the stats thread's period when the model sets no ``stats_check_period_ms``.
 STATS_CHECK_PERIOD_S = 0.1
 
+_GAUGES = {
+    "request": ("nv_trt_llm_request_metrics", "TRT LLM request metrics", "request_type",
+                ("active", "max", "scheduled", "context", "waiting")),
+    "kv": ("nv_trt_llm_kv_cache_block_metrics", "TRT LLM KV cache block metrics", "kv_cache_block_type",
+           ("max", "free", "used", "tokens_per", "reused", "fraction")),
+    "ifb": ("nv_trt_llm_inflight_batcher_metrics", "TRT LLM inflight_batcher-specific metrics",
+            "inflight_batcher_specific_metric",
+            ("total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests")),
+    "general": ("nv_trt_llm_general_metrics", "General TRT LLM metrics", "general_type",
+                ("iteration_counter", "timestamp")),
+}
+
+
+def stats_values(stats) -> dict[tuple[str, str], float]:
+    """(family, label value) → value, from one ``IterationStats`` the way the backend's ``WaitForStats`` reads it."""
+    ifb, kv = stats.inflight_batching_stats, stats.kv_cache_stats
+    stamp = datetime.datetime.strptime(stats.timestamp, "%m-%d-%Y %H:%M:%S.%f")  # local time, as the backend parses it
+    return {
+        ("request", "active"): stats.num_active_requests, ("request", "max"): stats.max_num_active_requests,
+        ("request", "scheduled"): ifb.num_scheduled_requests, ("request", "context"): ifb.num_context_requests,
+        ("request", "waiting"): stats.num_active_requests - ifb.num_scheduled_requests,
+        ("kv", "max"): kv.max_num_blocks, ("kv", "free"): kv.free_num_blocks, ("kv", "used"): kv.used_num_blocks,
+        ("kv", "tokens_per"): kv.tokens_per_block, ("kv", "reused"): kv.reused_blocks,
+        ("kv", "fraction"): kv.used_num_blocks / kv.max_num_blocks if kv.max_num_blocks else 0.0,
+        ("ifb", "total_context_tokens"): ifb.num_ctx_tokens, ("ifb", "generation_requests"): ifb.num_gen_requests,
+        ("ifb", "micro_batch_id"): ifb.micro_batch_id, ("ifb", "paused_requests"): ifb.num_paused_requests,
+        ("general", "iteration_counter"): stats.iter, ("general", "timestamp"): stamp.timestamp() * 1e6,
+    }
+
 
 class TrtLlmMetrics:
-    """Like the backend's ``WaitForStats`` thread, a thread of its own reads ``snapshot()`` — (requests holding a
-    batch slot, those of them with no token yet, KV occupancy 0..1) — every ``period_s`` and sets the gauges; each
-    changed value is one message to the Triton process, unchanged ones are skipped."""
+    """Like the backend's ``WaitForStats`` thread, a thread of its own reads ``stats()`` (the newest
+    ``IterationStats``, or None) every ``period_s`` and sets the gauges; each changed value is one message to the
+    Triton process, unchanged ones are skipped."""
 
-    def __init__(self, model_name: str, model_version: str, max_batch_size: int, max_seq_len: int,
-                 snapshot: Callable[[], tuple[int, int, float]], period_s: float = STATS_CHECK_PERIOD_S):
+    def __init__(self, model_name: str, model_version: str, stats: Callable[[], object],
+                 period_s: float = STATS_CHECK_PERIOD_S):
         labels = {"model": model_name, "version": model_version}
         gauge, histogram = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.HISTOGRAM
         # A MetricFamily must outlive its metrics: every family stays referenced here until close().
-        families = {"request": ("nv_trt_llm_request_metrics", "TRT LLM request metrics", gauge),
-                    "kv": ("nv_trt_llm_kv_cache_block_metrics", "TRT LLM KV cache block metrics", gauge),
-                    "ifb": ("nv_trt_llm_inflight_batcher_metrics", "TRT LLM inflight_batcher-specific metrics", gauge),
-                    "output": ("nv_llm_output_token_len", "TRT LLM response metrics", histogram),
-                    "input": ("nv_llm_input_token_len", "TRT LLM response metrics", histogram)}
-        self._families = {key: pb_utils.MetricFamily(name=name, description=description, kind=kind)
-                          for key, (name, description, kind) in families.items()}
-
-        def group(family: str, category: str, values: tuple[str, ...]) -> dict:
-            return {(family, v): self._families[family].Metric(labels={**labels, category: v}) for v in values}
-
-        self._gauges = {**group("request", "request_type", ("active", "max", "scheduled", "context", "waiting")),
-                        **group("kv", "kv_cache_block_type",
-                                ("max", "free", "used", "tokens_per", "reused", "fraction")),
-                        **group("ifb", "inflight_batcher_specific_metric",
-                                ("generation_requests", "micro_batch_id", "paused_requests"))}
+        self._families = {key: pb_utils.MetricFamily(name=name, description=description, kind=gauge)
+                          for key, (name, description, _, _) in _GAUGES.items()}
+        self._gauges = {(key, value): self._families[key].Metric(labels={**labels, category: value})
+                        for key, (_, _, category, values) in _GAUGES.items() for value in values}
+        for key, name in (("output", "nv_llm_output_token_len"), ("input", "nv_llm_input_token_len")):
+            self._families[key] = pb_utils.MetricFamily(name=name, description="TRT LLM response metrics",
+                                                        kind=histogram)
         self._output_len = self._families["output"].Metric(
             labels={**labels, "response_metric_type": "total_output_tokens"}, buckets=TOKEN_LEN_BUCKETS)
         self._input_len = self._families["input"].Metric(
             labels={**labels, "response_metric_type": "total_input_tokens"}, buckets=TOKEN_LEN_BUCKETS)
-        self._max_batch_size = max_batch_size
-        # The CPU engine's cache is one contiguous max_seq_len row per slot, not paged: each token position counts
-        # as a block of one token, so used / max is exactly its occupancy.
-        self._kv_blocks = max_batch_size * max_seq_len
         self._last: dict[tuple[str, str], float] = {}
-        self._snapshot, self._period_s = snapshot, period_s
+        self._stats, self._period_s = stats, period_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="trtllm-stats", daemon=True)
         self._thread.start()
 
     def _poll(self) -> None:
         while not self._stop.wait(self._period_s):
-            self._update(*self._snapshot())
-
-    def _update(self, active: int, prefilling: int, kv_occupancy: float) -> None:
-        """``active``: requests holding a batch slot; ``prefilling``: those of them that have no token yet."""
-        used = round(kv_occupancy * self._kv_blocks)
-        # Every slot steps in every iteration of the CPU engine and its cache holds max_seq_len for each slot, so
-        # nothing in a slot is ever held back: scheduled = active, waiting = 0, none paused — as on a GPU whose
-        # KV cache is not the limit.
-        self._set({("request", "active"): active, ("request", "max"): self._max_batch_size,
-                   ("request", "scheduled"): active, ("request", "context"): prefilling, ("request", "waiting"): 0,
-                   ("kv", "max"): self._kv_blocks, ("kv", "free"): self._kv_blocks - used, ("kv", "used"): used,
-                   ("kv", "tokens_per"): 1, ("kv", "reused"): 0, ("kv", "fraction"): used / self._kv_blocks,
-                   ("ifb", "generation_requests"): active - prefilling, ("ifb", "micro_batch_id"): 0,
-                   ("ifb", "paused_requests"): 0})
+            stats = self._stats()
+            if stats is not None:
+                self._set(stats_values(stats))
 
     def request_finished(self, input_tokens: int, output_tokens: int) -> None:
         """reportCustomMetrics: once per finished request, its prompt and output lengths."""

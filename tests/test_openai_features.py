@@ -5,7 +5,7 @@ choice's text and its tokens' log-probs are cut and aligned (serving/openai/stre
 The tiny model's weights are random, so its text is noise; what is checked holds for any model: streamed equals
 non-streamed, greedy picks the most likely token (its log-prob is the top alternative's), ``min_p = 1`` keeps only
 the most likely token (so it equals greedy), a guided output parses and validates with ``jsonschema``. The GPU layout
-refuses ``min_p`` and ``top_logprobs`` (tensorrt_llm has neither): those tests pin the refusal there.
+refuses ``top_logprobs`` (TensorRT-LLM's executor returns the chosen tokens' log-probs only): a test pins the refusal.
 """
 
 from __future__ import annotations
@@ -206,13 +206,9 @@ def test_penalties_change_a_repetitive_greedy_output(sdk, penalty):
     assert answer(**neutral).choices[0].text == plain.choices[0].text
 
 
-def test_min_p_one_keeps_only_the_most_likely_token_or_the_gpu_layout_refuses_it(sdk, triton):
+def test_min_p_one_keeps_only_the_most_likely_token(sdk, triton):
+    """Both layouts: the GPU layout passes min_p to TensorRT-LLM's SamplingConfig."""
     kwargs = dict(model=MODEL, messages=CHAT, max_tokens=12)
-    if gpu_layout(triton):
-        with pytest.raises(openai.BadRequestError) as refused:
-            sdk.chat.completions.create(**kwargs, extra_body={"min_p": 0.1})
-        assert refused.value.param == "min_p" and "min_p" in refused.value.message
-        return
     greedy = sdk.chat.completions.create(**kwargs).choices[0].message.content
     sampled = sdk.chat.completions.create(**kwargs, temperature=1.0, seed=3, extra_body={"min_p": 1.0})
     assert sampled.choices[0].message.content == greedy

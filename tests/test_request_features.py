@@ -135,12 +135,11 @@ def test_guided_decoding(triton):
     assert "regex" in refused(triton, guided_decoding_guide_type="regex", guided_decoding_guide="(unclosed")
 
 
-def test_the_gpu_layout_refuses_what_tensorrt_llm_lacks(triton):
-    if triton.layout == "cpu":
-        assert text(ensemble(triton, "Hello", 8, min_p=0.2, temperature=1.0, top_k=0, seed=1))
-        return
-    assert "min_p is not supported" in refused(triton, min_p=0.1)
-    assert "top_logprobs is not supported" in refused(triton, top_logprobs=2)
+def test_min_p_on_both_layouts_and_top_logprobs_only_on_the_cpu_one(triton):
+    """The GPU layout passes min_p to TensorRT-LLM's SamplingConfig; its executor returns no alternatives."""
+    assert text(ensemble(triton, "Hello", 8, min_p=0.2, temperature=1.0, top_k=0, seed=1))
+    if triton.layout != "cpu":
+        assert "top_logprobs is not supported" in refused(triton, top_logprobs=2)
 
 
 def test_a_penalty_that_is_not_a_number_is_refused(triton):

@@ -105,10 +105,10 @@ def test_tp2_engine_needs_two_gpus(tmp_path):
 def test_repository_check_is_what_the_launcher_calls(engine, tmp_path, monkeypatch):
     profile = ServingProfile(name="g", target="trtllm", engine_dir=engine, tokenizer_dir=tmp_path)
     repo = render_repository(profile, tmp_path / "repo")
-    assert trtllm_engine_dirs(repo) == {"tensorrt_llm": engine}
+    assert trtllm_engine_dirs(repo) == {"llm": engine}
     assert [m.variant for m in check_repository(repo, H100)] == ["fp8"]
     a100 = RuntimeInfo(TRTLLM_VERSION, TENSORRT_VERSION, (lookup_gpu("A100"),))
-    with pytest.raises(EngineMismatch, match="model 'tensorrt_llm': refusing to serve"):
+    with pytest.raises(EngineMismatch, match="model 'llm': refusing to serve"):
         check_repository(repo, a100)
     # a repository without TensorRT-LLM models (the CPU stack) passes without looking for a GPU
     cpu_repo = tmp_path / "cpu"

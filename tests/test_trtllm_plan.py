@@ -167,7 +167,7 @@ def test_dry_run_prints_commands_and_repository(tmp_path):
     assert "examples/quantization/quantize.py" in out and "--qformat fp8" in out and "--kv_cache_dtype fp8" in out
     assert "trtllm-build --checkpoint_dir" in out and "--use_fp8_context_fmha enable" in out
     assert "--max_batch_size 256" in out  # the throughput profile's limits
-    for model in ("preprocessing", "llm", "tensorrt_llm", "ensemble"):
+    for model in ("preprocessing", "llm", "ensemble"):
         assert f"## {model}/config.pbtxt" in out
     assert 'string_value: "/engines/llama/engine"' in out
     assert "KV per token" in out and budget.exists()
@@ -237,6 +237,6 @@ def test_build_path_with_stand_in_tools(tmp_path, monkeypatch):
     assert (out / "tokenizer" / "config.json").exists() and (out / OPTIONS_FILE).exists()
     budget = __import__("json").loads((out / "memory_budget.json").read_text())
     repo = out / "model_repository"
-    text = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    text = (repo / "llm" / "config.pbtxt").read_text()
     assert f'string_value: "{budget["max_tokens_in_paged_kv_cache"]}"' in text
     assert [x.variant for x in check_repository(repo, runtime)] == ["fp8"]

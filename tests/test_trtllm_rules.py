@@ -1,5 +1,5 @@
 """TensorRT-LLM's builder rules (builders/trtllm/rules.py) against a line-by-line transcription of the pinned
-builder, and the gate, plan, predicted engine config, memory budget, rendered tensorrt_llm config and
+builder, and the gate, plan, predicted engine config, memory budget, rendered llm config and
 calibration check that must follow them (issue 19, rows 2, 3, 4 and 8)."""
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def _param(text: str, key: str) -> str:
                                             ("fp8", "int8", "H100")])
 def test_quantized_kv_without_paged_context_fmha_is_planned_as_built(variant, kv, gpu, tmp_path):
     """int8 KV (any weights) and FP8 KV with weights outside the FP8 workflow lose paged context FMHA in the
-    builder; the command, the predicted engine, the budget and the tensorrt_llm config all say so."""
+    builder; the command, the predicted engine, the budget and the llm's executor settings all say so."""
     plan = make_plan(LLAMA2, tmp_path, variant, lookup_gpu(gpu), kv_cache_dtype=kv)
     argv = plan_commands(plan)[1].argv
     build = dict(zip(argv, argv[1:]))
@@ -188,14 +188,14 @@ def test_quantized_kv_without_paged_context_fmha_is_planned_as_built(variant, kv
     out = _dry_run("--output", str(tmp_path / "out"), "--variant", variant, "--kv-cache-dtype", kv, "--gpu", gpu,
                    "--profile", "throughput")
     assert "--use_paged_context_fmha disable" in out
-    trt = out.split("## tensorrt_llm/config.pbtxt", 1)[1].split("## ensemble/config.pbtxt", 1)[0]
+    trt = out.split("## llm/config.pbtxt", 1)[1].split("## ensemble/config.pbtxt", 1)[0]
     assert _param(trt, "enable_kv_cache_reuse") == "false" and _param(trt, "enable_chunked_context") == "false"
 
 
 def test_fp8_weights_with_fp8_kv_keep_reuse_and_chunked_context(tmp_path):
     out = _dry_run("--output", str(tmp_path / "out"), "--variant", "fp8", "--kv-cache-dtype", "fp8", "--gpu", "H100")
     assert "--use_paged_context_fmha enable --use_fp8_context_fmha enable" in out
-    trt = out.split("## tensorrt_llm/config.pbtxt", 1)[1]
+    trt = out.split("## llm/config.pbtxt", 1)[1].split("## ensemble/config.pbtxt", 1)[0]
     assert _param(trt, "enable_kv_cache_reuse") == "true" and _param(trt, "enable_chunked_context") == "true"
 
 
@@ -222,7 +222,7 @@ def test_rendered_config_follows_the_engine_not_the_options():
     profile = ServingProfile(name="t", target="trtllm", engine_dir=Path("/e"), tokenizer_dir=Path("/t"),
                              max_batch_size=16)
     options = TrtllmOptions(enable_kv_cache_reuse=True, enable_chunked_context=True)
-    trt = {n: c for n, _, c in model_configs_trtllm(profile, options, cfg)}["tensorrt_llm"]
+    trt = {n: c for n, _, c in model_configs_trtllm(profile, options, cfg)}["llm"]
     assert trt.parameters["enable_kv_cache_reuse"].string_value == "false"
     assert trt.parameters["enable_chunked_context"].string_value == "false"
     del cfg["build_config"]["plugin_config"]["use_paged_context_fmha"]

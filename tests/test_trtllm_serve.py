@@ -70,7 +70,7 @@ def test_leader_mode_matches_launch_triton_server():
             assert control == ["--model-control-mode=none"] and not any(a.startswith("--load-model") for a in rank)
         else:
             assert control == ["--model-control-mode=explicit"]
-            assert [a for a in rank if a.startswith("--load-model=")] == ["--load-model=tensorrt_llm"]
+            assert [a for a in rank if a.startswith("--load-model=")] == ["--load-model=llm"]
         assert len(rank) == len(set(rank))  # no flag twice
 
 

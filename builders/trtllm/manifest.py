@@ -235,18 +235,21 @@ def check_engine(engine_dir: str | Path, runtime: RuntimeInfo | None = None) -> 
 
 
 def trtllm_engine_dirs(model_repository: str | Path) -> dict[str, Path]:
-    """Model name → engine dir for every ``tensorrtllm``-backend model in a rendered repository."""
+    """Model name → engine dir for every model of a rendered repository that runs a TensorRT-LLM engine (an ``llm``
+    whose ``executor_bindings`` are TensorRT-LLM's; the CPU stand-in's are not)."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
+
+    from .layout import TRTLLM_BINDINGS
 
     found = {}
     for cfg_path in sorted(Path(model_repository).glob("*/config.pbtxt")):
         text = cfg_path.read_text()
-        if "tensorrtllm" not in text:  # cheap pre-filter; CPU repositories never parse here
+        if TRTLLM_BINDINGS not in text:  # cheap pre-filter; CPU repositories never parse here
             continue
         cfg = text_format.Parse(text, mc.ModelConfig())
-        if cfg.backend == "tensorrtllm" and "gpt_model_path" in cfg.parameters:
-            found[cfg.name or cfg_path.parent.name] = Path(cfg.parameters["gpt_model_path"].string_value)
+        if cfg.parameters["executor_bindings"].string_value == TRTLLM_BINDINGS:
+            found[cfg.name or cfg_path.parent.name] = Path(cfg.parameters["engine_dir"].string_value)
     return found
 
 

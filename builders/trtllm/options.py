@@ -21,21 +21,16 @@ class _Strict(BaseModel):
 
 
 class TrtllmOptions(_Strict):
-    """The ``tensorrt_llm`` model's parameters (tensorrtllm_backend docs/model_config.md) and our wrapper's."""
+    """TensorRT-LLM's executor settings, under the C++ backend's parameter names (tensorrtllm_backend
+    docs/model_config.md), which the GPU layout's ``llm`` maps to ``ExecutorConfig`` (serving/executor_engine.py)."""
 
-    batching_strategy: Literal["inflight_fused_batching"] = "inflight_fused_batching"
     batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = "guaranteed_no_evict"
     kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, le=1)
     #: "auto": the builder's memory budget (≤ max_batch_size × max_seq_len); "unset": only the fraction rules.
     max_tokens_in_paged_kv_cache: int | Literal["auto", "unset"] = "auto"
     enable_kv_cache_reuse: bool = True
     enable_chunked_context: bool = True
-    max_queue_delay_us: int = Field(0, ge=0)
-    max_queue_size: int = Field(256, ge=1, description="requests queued for tensorrt_llm before UNAVAILABLE")
-    #: concurrent requests the llm wrapper streams through tensorrt_llm (threads); ≥ engine max_batch_size
-    max_inflight: int = Field(0, ge=0, description="0 = 2 × engine max_batch_size")
     multi_gpu_mode: Literal["orchestrator", "leader"] = "orchestrator"
-    tensorrt_llm_model_name: str = "tensorrt_llm"
 
 
 class BuildSettings(_Strict):

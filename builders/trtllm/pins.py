@@ -40,19 +40,6 @@ IMAGE_TRTLLM_SRC_ROOTS = ("/app", "/app/tensorrt_llm")
 #: (for an image that ships none); tried after IMAGE_TRTLLM_SRC_ROOTS.
 DEFAULT_TRTLLM_SRC = "/opt/tensorrtllm_backend/tensorrt_llm"
 
-#: The C++ backend's executor worker inside the image (tensorrt_llm model template, parameter
-#: ``executor_worker_path``).
+#: The executor's worker for orchestrator mode inside the image (``OrchestratorConfig.worker_executable_path``; the
+#: C++ backend's template names the same file as its ``executor_worker_path`` parameter).
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
-
-#: Model-config parameters the pinned C++ backend reads with ``GetParameter<std::string>`` and no fallback: a
-#: config without one of them does not load ("Cannot find parameter with name: X"), and with it the whole
-#: ensemble. Read from NVIDIA/TensorRT-LLM ``triton_backend/inflight_batcher_llm/src/model_instance_state.cc``
-#: (the backend the r26.07 image builds from release/1.2.1; the two stored 1.x versions and tensorrtllm_backend
-#: v0.19.0 read the same keys the same way; the exact 1.2.1 file could not be read here). Key → the function.
-BACKEND_REQUIRED_PARAMETERS = {
-    "gpt_model_type": "getBatchingTypeFromParams",
-    "gpt_model_path": "ModelInstanceState::ModelInstanceState (required while encoder_model_path is empty)",
-    "tokenizer_dir": "getGuidedDecodingConfigFromParams (only logged)",
-    "xgrammar_tokenizer_info_path": "getGuidedDecodingConfigFromParams",
-    "guided_decoding_backend": "getGuidedDecodingConfigFromParams",
-}

@@ -30,16 +30,16 @@ ORCHESTRATOR_FLAGS = ("--pinned-memory-pool-byte-size=0", "--enable-peer-access=
 
 
 def server_command(model_repository: str | Path, engine_cfg: dict, options, base_args: list[str],
-                   tritonserver: str = "/opt/tritonserver/bin/tritonserver", n_gpus: int | None = None
-                   ) -> tuple[list[str], dict[str, str]]:
+                   tritonserver: str = "/opt/tritonserver/bin/tritonserver", n_gpus: int | None = None,
+                   llm_model_name: str = "llm") -> tuple[list[str], dict[str, str]]:
     """argv and extra environment to serve the repository, the way the backend's own launcher
     (``launch_triton_server.py``, TensorRT-LLM release/1.2.1 via tensorrtllm_backend r26.07) starts it.
 
     World size 1: one tritonserver. TP × PP > 1, orchestrator mode: one tritonserver with
-    ``TRTLLM_ORCHESTRATOR=1`` (the backend spawns one MPI worker per rank) plus the launcher's spawn-mode memory
-    flags, one ``--cuda-memory-pool-byte-size=J:0`` per visible GPU (``n_gpus``). Leader mode: ``mpirun`` with one
-    tritonserver per rank, each with ``--disable-auto-complete-config`` and its own Python shm prefix; ranks > 0
-    load only ``tensorrt_llm`` (``--model-control-mode=explicit --load-model=…``). Rank 0 keeps
+    ``TRTLLM_ORCHESTRATOR=1`` (the llm's executor spawns one MPI worker per rank) plus the launcher's spawn-mode
+    memory flags, one ``--cuda-memory-pool-byte-size=J:0`` per visible GPU (``n_gpus``). Leader mode: ``mpirun`` with
+    one tritonserver per rank, each with ``--disable-auto-complete-config`` and its own Python shm prefix; ranks > 0
+    load only the llm (``--model-control-mode=explicit --load-model=…``), whose executor follows rank 0's. Rank 0 keeps
     ``--model-control-mode=none``, Triton's default, which the launcher leaves implicit (docs/gpu.md).
 
     ``base_args`` are tritonserver's flags after the binary as serving.launcher builds them (ports, control mode
@@ -64,7 +64,7 @@ def server_command(model_repository: str | Path, engine_cfg: dict, options, base
         if rank == 0:
             rank_args.append("--model-control-mode=none")
         else:
-            rank_args += ["--model-control-mode=explicit", f"--load-model={options.tensorrt_llm_model_name}"]
+            rank_args += ["--model-control-mode=explicit", f"--load-model={llm_model_name}"]
         argv += ["-n", "1", tritonserver, repo, *rank_args,
                  f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
         if rank != world - 1:
@@ -91,10 +91,12 @@ def build_server_argv(model_repository: Path, extra: list[str], multi_gpu_mode: 
     engines = trtllm_engine_dirs(model_repository)
     if not engines:
         return [str(install.binary), *base], {}
-    engine_cfg = engine_info(next(iter(engines.values())))
+    (llm, engine_dir), = engines.items()
+    engine_cfg = engine_info(engine_dir)
     options = TrtllmOptions(multi_gpu_mode=multi_gpu_mode)
     n_gpus = len(detect_gpus()) if multi_gpu_mode == "orchestrator" else None
-    return server_command(model_repository, engine_cfg, options, base, str(install.binary), n_gpus=n_gpus or None)
+    return server_command(model_repository, engine_cfg, options, base, str(install.binary), n_gpus=n_gpus or None,
+                          llm_model_name=llm)
 
 
 def serve_with_front_door(model_repository: Path, server_argv: list[str], env: dict[str, str],

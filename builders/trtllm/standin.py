@@ -1,11 +1,11 @@
-"""The GPU layout on CPU: the same repository the GPU build renders, with ``tensorrt_llm`` served by a Python
-stand-in (model_repository/trtllm/tensorrt_llm_standin) over the CPU engine or the ``null`` token source.
+"""The GPU layout on CPU: the same repository the GPU build renders, with the ``llm``'s executor bindings
+(``executor_bindings``) pointing at cpu_engine/trtllm_executor.py — TensorRT-LLM's executor API over the CPU engine or
+the ``null`` token source — instead of ``tensorrt_llm.bindings.executor``.
 
-Only three things differ from the GPU repository: ``tensorrt_llm``'s ``backend`` (python, not tensorrtllm) and
-its source folder, and ``standin_*`` parameters (token source and its pace, engine limits); everything else —
-inputs, outputs, dtypes, dims, optional flags, batching, the backend's own parameters — is
-``layout.tensorrt_llm_config``, the function that renders the real one, so the two cannot drift.
-``gpt_model_path`` names the CPU engine, whose ``config.json`` is in TensorRT-LLM's engine schema.
+Only that parameter and the stand-in's own ``standin_*`` parameters (token source and its pace, threads) differ from
+the GPU repository; everything else — inputs, outputs, batching, the executor's settings — is
+``layout.model_configs_trtllm``, the function that renders the real one, so the two cannot drift. ``engine_dir``
+names the CPU engine, whose ``config.json`` is in TensorRT-LLM's engine schema.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 
 from ..profile import ServingProfile
 from .guided import find_tokenizer_info, write_tokenizer_info
-from .layout import engine_info, engine_limits, model_configs_trtllm
+from .layout import TRTLLM_BINDINGS, engine_info, model_configs_trtllm
 from .options import TrtllmOptions
 
-#: What ``make serve LAYOUT=…`` and the end-to-end tests (tests/conftest.py) serve: the CPU llm, or the GPU
-#: layout (llm wrapper over tensorrt_llm) with the stand-in over the same CPU engine.
+#: What ``make serve LAYOUT=…`` and the end-to-end tests (tests/conftest.py) serve: the CPU layout, or the GPU
+#: layout (the llm over TensorRT-LLM's executor API) with the stand-in executor over the same CPU engine.
 LAYOUTS = ("cpu", "trtllm-standin")
-STANDIN_SOURCE = "trtllm/tensorrt_llm_standin"
+STANDIN_BINDINGS = "cpu_engine.trtllm_executor"
 
 
 def standin_engine_config(engine_dir: str | Path) -> dict:
@@ -44,17 +44,12 @@ def standin_configs(profile: ServingProfile, token_source: str = "engine", optio
     gpu_profile = profile.resolved().model_copy(update={"target": "trtllm"})
     if find_tokenizer_info(gpu_profile.engine_dir) is None:  # what the GPU build writes beside its engine
         write_tokenizer_info(gpu_profile.tokenizer_dir, gpu_profile.engine_dir)
-    engine_cfg = standin_engine_config(gpu_profile.engine_dir)
-    limits = engine_limits(engine_cfg)
     configs = []
-    for name, source, cfg in model_configs_trtllm(gpu_profile, options, engine_cfg):
-        if name == options.tensorrt_llm_model_name:
-            cfg.backend = "python"
-            source = STANDIN_SOURCE
-            for key, value in {"standin_token_source": token_source,
+    for name, source, cfg in model_configs_trtllm(gpu_profile, options, standin_engine_config(gpu_profile.engine_dir)):
+        if name == gpu_profile.llm_model_name:
+            assert cfg.parameters["executor_bindings"].string_value == TRTLLM_BINDINGS
+            for key, value in {"executor_bindings": STANDIN_BINDINGS, "standin_token_source": token_source,
                                "standin_cpu_threads": profile.llm.cpu_threads,
-                               "standin_max_input_len": limits["max_input_len"],
-                               "standin_max_seq_len": limits["max_seq_len"],
                                "standin_null_step_ms": null_step_ms}.items():
                 cfg.parameters[key].string_value = str(value)
         configs.append((name, source, cfg))

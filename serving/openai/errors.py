@@ -122,7 +122,7 @@ def from_triton(exc: Exception, prompt_param: str, renamed: Mapping[str, str] | 
 _ENGINE_FAILURES = ("the engine failed while generating this request", "Executor failed process requestId")
 # The beginnings of preprocessing's INVALID_ARG messages that the front door's own validation does not already
 # catch first (serving/chat.py, serving/request_params.py): a client's mistake, so 400. The engine's refusals of a
-# guide it cannot compile, and the GPU layout's of what tensorrt_llm lacks (min_p, top_logprobs), name their input.
+# guide it cannot compile, and the GPU layout's of what TensorRT-LLM lacks (top_logprobs), name their input.
 _REQUEST_ERROR_MARKS = ("messages", "conversation", "text_input", "max_tokens", "min_tokens", "temperature", "top_p",
                         "top_k", "seed", "stop", "must be", "is not valid", "penalty", "min_p", "top_logprobs",
                         "return_log_probs", "num_return_sequences", "guided_decoding", "schema", "regex", "grammar")

@@ -1,9 +1,16 @@
-"""Triton LLM model on CPU: the tensorrtllm backend's tensor contract over our in-flight-batching engine.
+"""Triton ``llm`` model of both layouts: the tensorrtllm backend's tensor contract over an in-flight-batching engine.
 
-Decoupled, vllm_backend style: ``execute()`` only validates and enqueues; the engine thread runs steps and
-a sender thread turns token events into responses, so neither waits on the other.
+The engine is the CPU engine (cpu_engine; the CPU layout) or TensorRT-LLM's executor in this process
+(serving/executor_engine.py; the GPU layout, ``executor_bindings`` set — on CPU over cpu_engine/trtllm_executor.py).
+Both report cpu_engine ``TokenEvent``s, so everything here — text, finish reasons, ``stop``, drain, metrics, liveness
+probes — is one code path for both.
+
+Decoupled, vllm_backend style: ``execute()`` only validates and enqueues; the engine's own threads run steps and a
+sender thread turns token events into responses, so neither waits on the other. No BLS: nothing here can wait on
+another model (docs/gpu.md says why that matters).
 """
 
+import importlib
 import os
 import queue
 import threading
@@ -15,9 +22,10 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from cpu_engine import (EngineLimits, FinishReason, GenerationRequest, LLMEngine, QueueFullError, SamplingParams,
-                        TokenEvent, load_engine)
+                        TokenEvent, load_engine, read_config)
 from serving.drain import LLM_GRACE_S, DrainGate
 from serving.early_stops import TTL_S, EarlyStops
+from serving.health import is_probe
 from serving.llm_metrics import LLMMetrics
 from serving.guides import GuideCompiler
 from serving.request_params import (CONTROL_INPUTS, check_lengths, check_min_tokens, resolve_controls, resolve_end_id,
@@ -48,35 +56,66 @@ class TritonPythonModel:
     def initialize(self, args):
         pb_utils.Logger.log_info(check_stub(args["model_name"]))
         params = model_parameters(args)
-        threads = int(params.get("cpu_threads", "0")) or os.cpu_count()
-        torch.set_num_threads(threads)  # once, at start-up: changing it later slows small models down
-        loaded = load_engine(params["engine_dir"])
-        build = loaded.build_config
-        self.max_input_len, self.max_seq_len = build["max_input_len"], build["max_seq_len"]
-        self.vocab_size = loaded.model.args.vocab_size
         self.table = token_bytes_table(params["tokenizer_dir"])
-        self.guides = GuideCompiler(params["tokenizer_dir"], self.vocab_size, RequestError)
         self.drain_timeout_s = float(params.get("drain_timeout_s", "25"))
         self._streams: dict[str, _Stream] = {}
         self._by_client_id: dict[str, str] = {}  # client request id → ours, for the `stop` input
         self._stopped: set[str] = set()
         self._early_stops = EarlyStops()  # stops that overtook their request (serving/early_stops.py)
         self.metrics = LLMMetrics(args["model_name"], args["model_version"])
+        self.trt_metrics = None
         self.gate = DrainGate()
         self._events: queue.SimpleQueue = queue.SimpleQueue()
-        limits = EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
-                              max_num_tokens=build["max_num_tokens"], max_queue_size=int(params["max_queue_size"]))
+        if params.get("executor_bindings"):
+            self.engine, build, self.vocab_size = self._open_executor(args, params)
+        else:
+            self.engine, build, self.vocab_size = self._open_cpu_engine(params)
+        self.max_input_len, self.max_seq_len = build["max_input_len"], build["max_seq_len"]
+        self.guides = GuideCompiler(params["tokenizer_dir"], self.vocab_size, RequestError)
+        self._sender = threading.Thread(target=self._send_loop, name="llm-responses", daemon=True)
+        self._sender.start()
+
+    def _limits(self, build: dict, params: dict) -> EngineLimits:
+        return EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
+                            max_num_tokens=build["max_num_tokens"], max_queue_size=int(params["max_queue_size"]))
+
+    def _open_cpu_engine(self, params: dict):
+        threads = int(params.get("cpu_threads", "0")) or os.cpu_count()
+        torch.set_num_threads(threads)  # once, at start-up: changing it later slows small models down
         if params.get("token_source") == "null":  # tokens without model compute: loadtest/cost_per_token.py
             from cpu_engine.token_sources import NullSource
 
-            self.engine = NullSource(limits, self._events.put, float(params.get("null_step_ms", "0")) / 1e3).start()
-        else:
-            self.engine = LLMEngine(loaded.model, limits, on_event=self._events.put, token_bytes=self.table,
-                                    dtype=loaded.compute_dtype).start()
-        self._sender = threading.Thread(target=self._send_loop, name="llm-responses", daemon=True)
-        self._sender.start()
+            config = read_config(params["engine_dir"])
+            limits = self._limits(config["build_config"], params)
+            engine = NullSource(limits, self._events.put, float(params.get("null_step_ms", "0")) / 1e3).start()
+            return engine, config["build_config"], config["pretrained_config"]["vocab_size"]
+        loaded = load_engine(params["engine_dir"])
+        limits = self._limits(loaded.build_config, params)
+        engine = LLMEngine(loaded.model, limits, on_event=self._events.put, token_bytes=self.table,
+                           dtype=loaded.compute_dtype).start()
         pb_utils.Logger.log_info(f"CPU engine loaded from {params['engine_dir']} in {loaded.load_seconds:.2f}s "
                                  f"({loaded.compute_dtype}, {threads} threads, {limits})")
+        return engine, loaded.build_config, loaded.model.args.vocab_size
+
+    def _open_executor(self, args: dict, params: dict):
+        """TensorRT-LLM's executor over the engine in ``engine_dir`` (the GPU layout), from ``executor_bindings``:
+        ``tensorrt_llm.bindings.executor``, or its CPU stand-in with the options the stand-in's renderer set."""
+        from serving.executor_engine import ExecutorEngine
+        from serving.trtllm_metrics import TrtLlmMetrics
+
+        bindings = importlib.import_module(params["executor_bindings"])
+        if params.get("standin_token_source"):  # only cpu_engine.trtllm_executor has these (builders/trtllm/standin.py)
+            bindings.configure(params["standin_token_source"], float(params["standin_null_step_ms"]) / 1e3,
+                               int(params.get("standin_cpu_threads", "0")), params["tokenizer_dir"])
+        config = read_config(params["engine_dir"])
+        build = config["build_config"]
+        engine = ExecutorEngine(bindings, params["engine_dir"], params, self._limits(build, params),
+                                self._events.put, self.table).start()
+        # What the C++ backend exports (nv_trt_llm_*), from the executor's own iteration stats: the chart's GPU
+        # queries read these.
+        self.trt_metrics = TrtLlmMetrics(args["model_name"], args["model_version"], engine.iteration_stats)
+        pb_utils.Logger.log_info(f"TensorRT-LLM executor ({params['executor_bindings']}) over {params['engine_dir']}")
+        return engine, build, config["pretrained_config"]["vocab_size"]
 
     # ---- request intake (Triton's thread) -----------------------------------------------------------
     def execute(self, requests):
@@ -88,7 +127,7 @@ class TritonPythonModel:
                 if scalar(request, "stop", bool):  # honoured while draining too: it ends work, starts none
                     self._stop(request.request_id(), sender)
                     continue
-                if draining:
+                if draining and not is_probe(request.request_id()):  # a probe answers while draining too
                     sender.send(shutting_down_response(), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
                 gen, stream = self._parse(request, sender)
@@ -147,6 +186,9 @@ class TritonPythonModel:
         max_tokens = scalar(request, "request_output_len", int)
         if max_tokens is None:
             raise RequestError("request_output_len is required")
+        probe = is_probe(request.request_id())  # serving/health.py: one token, ahead of every queue
+        if probe:
+            max_tokens = 1
         prompt = ids.tolist()
         check_lengths(len(prompt), max_tokens, self.max_input_len, self.max_seq_len)
         min_tokens = scalar(request, "min_tokens", int) or 0
@@ -154,6 +196,9 @@ class TritonPythonModel:
         sampling = resolve_sampling(scalar(request, "temperature", float), scalar(request, "runtime_top_k", int),
                                     scalar(request, "runtime_top_p", float))
         controls = resolve_controls({name: scalar(request, name, cast) for name, cast in CONTROL_INPUTS.items()})
+        if controls.top_logprobs and not getattr(self.engine, "supports_top_logprobs", True):
+            raise RequestError("top_logprobs is not supported by the TensorRT-LLM layout (its executor returns the "
+                               "chosen tokens' log-probs only): use return_log_probs")
         seed = scalar(request, "random_seed", int) or 0
         exclude_input = scalar(request, "exclude_input_in_output", bool)
         request_id = uuid.uuid4().hex  # the client's id may be empty or reused; ours keys the stream
@@ -172,6 +217,7 @@ class TritonPythonModel:
             top_logprobs=controls.top_logprobs,
             num_return_sequences=controls.num_return_sequences,
             guide=self.guides(controls.guided_decoding_guide_type, controls.guided_decoding_guide),
+            probe=probe,
         )
         streaming = bool(scalar(request, "streaming", bool))
         echo = [] if exclude_input in (None, True) else prompt
@@ -243,6 +289,8 @@ class TritonPythonModel:
             self.metrics.request_finished("error" if stream.failed else event.finish_reason.value, stream.arrival,
                                           stream.first_token, time.monotonic(), event.num_input_tokens,
                                           stream.output_tokens)
+            if self.trt_metrics is not None:
+                self.trt_metrics.request_finished(event.num_input_tokens, stream.output_tokens)
             # Before the final response: a client that has its answer reads the slot free on /metrics.
             self.metrics.update_gauges(self.engine.queued, self.engine.active, self.engine.kv_occupancy, force=True)
         if event.finish_reason is FinishReason.ERROR:
@@ -268,4 +316,6 @@ class TritonPythonModel:
         self.engine.shutdown(timeout=self.drain_timeout_s)
         self._events.put(None)
         self._sender.join(timeout=5)
+        if self.trt_metrics is not None:
+            self.trt_metrics.close()
         self.metrics.close()
