@@ -28,10 +28,11 @@ class DynamicBatcher(_Strict):
 
 
 class Stage(_Strict):
-    """The tokeniser stage: instances and batching (None: no dynamic batcher)."""
+    """The tokeniser stage: instances and batching (None: no dynamic batcher, the default: in Triton 2.51 its queue
+    can hold a request for its 500 ms idle timeout while every instance is busy, docs/reliability.md B12)."""
 
     instances: int = Field(1, ge=1)
-    batcher: DynamicBatcher | None = DynamicBatcher()
+    batcher: DynamicBatcher | None = None
 
 
 class LLMStage(_Strict):

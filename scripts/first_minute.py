@@ -126,7 +126,7 @@ def run(make_args: list[str], log: Path, env: dict[str, str] | None = None, read
     env = dict(os.environ if env is None else env)
     from serving.launcher import PORT_ENV, free_ports
 
-    ports = dict(zip(PORT_ENV.values(), map(str, free_ports(len(PORT_ENV)))))  # four distinct free ports
+    ports = dict(zip(PORT_ENV.values(), map(str, free_ports(len(PORT_ENV)))))  # distinct free ports, one per port the launcher opens
     env.update(ports)
     http, grpc = f"http://localhost:{ports['HTTP_PORT']}", f"localhost:{ports['GRPC_PORT']}"
     openai = f"http://localhost:{ports['OPENAI_PORT']}"

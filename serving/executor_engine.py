@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from cpu_engine import EngineLimits, FinishReason, GenerationRequest, QueueFullError, TokenEvent
@@ -95,7 +95,10 @@ class _Live:
     sequences: list[_Sequence]
     waiting: bool = True  # counted in the admission queue until its first response
     cancel_sent: bool = False
-    stopped_here: bool = field(default=False)  # every sequence ended on a stop string: cancelled to free the slot
+    # Its last event is out, so the llm may have sent its final response: is_cancelled() must not be called again
+    # (after the final response it crashed tritonserver 2.51 in TRITONBACKEND_ResponseFactoryIsCancelled). Set and
+    # read under the engine's lock, which the cancellation watch holds while it calls is_cancelled().
+    answered: bool = False
 
 
 class ExecutorEngine:
@@ -225,12 +228,12 @@ class ExecutorEngine:
         """One executor response → events; True when the request is over in the executor."""
         self._left_queue(live)
         request = live.request
+        prompt = len(request.prompt_ids)
         if response.has_error():  # the request is over: every sequence not ended yet ends with the error
             for index, seq in enumerate(live.sequences):
                 if not seq.ended:
-                    seq.ended = True
-                    self.on_event(TokenEvent(request.request_id, None, FinishReason.ERROR, len(request.prompt_ids),
-                                             seq.generated, index, error=response.error_msg))
+                    self._emit(live, seq, TokenEvent(request.request_id, None, FinishReason.ERROR, prompt,
+                                                     seq.generated, index, error=response.error_msg))
             return True
         result = response.result
         index = result.sequence_index
@@ -241,26 +244,31 @@ class ExecutorEngine:
             ended = result.is_sequence_final or result.is_final
             for i, token in enumerate(tokens):
                 seq.generated += 1
-                last = i == len(tokens) - 1
                 reason = None
                 if seq.stops is not None and seq.stops.hit(self.token_bytes[token]):
                     reason = FinishReason.STOP
-                elif last and ended:
+                elif i == len(tokens) - 1 and ended:
                     reason = self._reason(result.finish_reasons[0], seq, request)
-                seq.ended = reason is not None
-                self.on_event(TokenEvent(request.request_id, token, reason, len(request.prompt_ids), seq.generated,
-                                         index, logprobs[i] if logprobs else None))
+                self._emit(live, seq, TokenEvent(request.request_id, token, reason, prompt, seq.generated, index,
+                                                 logprobs[i] if logprobs else None))
                 if seq.ended:
                     break
             if ended and not seq.ended:  # the end id ended it: no token comes with that
-                seq.ended = True
-                self.on_event(TokenEvent(request.request_id, None, self._reason(result.finish_reasons[0], seq,
-                                                                                  request),
-                                         len(request.prompt_ids), seq.generated, index))
-            if all(s.ended for s in live.sequences) and not result.is_final and not live.cancel_sent:
-                live.cancel_sent = live.stopped_here = True  # stop strings ended it here: free the slot now
+                self._emit(live, seq, TokenEvent(request.request_id, None,
+                                                 self._reason(result.finish_reasons[0], seq, request),
+                                                 prompt, seq.generated, index))
+            if live.answered and not result.is_final and not live.cancel_sent:
+                live.cancel_sent = True  # stop strings ended every sequence here: free the slot now
                 self.executor.cancel_request(response.request_id)
         return bool(result.is_final)
+
+    def _emit(self, live: _Live, seq: _Sequence, event: TokenEvent) -> None:
+        if event.finish_reason is not None:
+            seq.ended = True
+            if all(s.ended for s in live.sequences):
+                with self._lock:  # before the event: the llm may send the final response as soon as it has it
+                    live.answered = True
+        self.on_event(event)
 
     def _reason(self, reason, seq: _Sequence, request: GenerationRequest) -> FinishReason:
         names = self.trtllm.FinishReason
@@ -286,12 +294,13 @@ class ExecutorEngine:
             with self._lock:
                 live = list(self._live.items())
             for request_id, state in live:
-                if state.cancel_sent:
-                    continue
-                try:
-                    cancelled = state.request.is_cancelled()
-                except Exception:  # noqa: BLE001 - the request's own callback failing ends it like a cancel
-                    cancelled = True
+                with self._lock:  # never after its last event (_Live.answered)
+                    if state.cancel_sent or state.answered:
+                        continue
+                    try:
+                        cancelled = state.request.is_cancelled()
+                    except Exception:  # noqa: BLE001 - the request's own callback failing ends it like a cancel
+                        cancelled = True
                 if cancelled:
                     state.cancel_sent = True
                     self.executor.cancel_request(request_id)

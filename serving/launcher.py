@@ -31,13 +31,15 @@ from typing import NamedTuple
 
 from serving.drain import DRAIN_FILE_ENV, drain
 from serving.frontdoor_process import FrontDoor
+from serving.health import DEFAULT_DEADLINE_S, HEALTH_PATH, HealthServer
 from serving.server_log import diagnose
 from serving.triton_install import (PROJECT_ROOT, ServerStartError, TritonInstall, check_project_importable,
                                     find_tritonserver, server_env)
 
 PORT_ENV = {"http_port": "HTTP_PORT", "grpc_port": "GRPC_PORT", "metrics_port": "METRICS_PORT",
-            "openai_port": "OPENAI_PORT"}
+            "openai_port": "OPENAI_PORT", "health_port": "HEALTH_PORT"}
 DEFAULT_OPENAI_PORT = 9000
+DEFAULT_HEALTH_PORT = 8003
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 # APIs that can change what is served or map client memory: usable only with the admin-key header.
 RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
@@ -58,6 +60,8 @@ class ServerConfig:
     grpc_port: int = 8001
     metrics_port: int = 8002
     openai_port: int | None = None  # the OpenAI front door's port (None: no front door; the launcher's CLI sets it)
+    health_port: int | None = None  # the generating liveness check's port (serving/health.py; None: none)
+    health_deadline_s: float = DEFAULT_DEADLINE_S
     exit_timeout_secs: int = 30  # how long accepted requests may run once a stop is asked for
     drain: bool = True  # the launcher drains before SIGTERM (False: tritonserver gets SIGTERM itself, e.g. as PID 1)
     log_verbose: int = 0
@@ -104,7 +108,7 @@ def check_ports(config: ServerConfig) -> None:
     seen: dict[int, str] = {}
     for name, env in PORT_ENV.items():
         port = getattr(config, name)
-        if port is None:  # no front door
+        if port is None:  # no front door, no health endpoint
             continue
         if port in seen:
             raise ServerStartError(f"port {port} is used for both {seen[port]} and {env}")
@@ -407,8 +411,10 @@ def main(argv: list[str] | None = None) -> int:
                            epilog="Arguments after '--' are passed to tritonserver unchanged.")
     serve.add_argument("--model-repository", type=Path, default=PROJECT_ROOT / "build" / "model_repository")
     for name, env in PORT_ENV.items():
-        default = DEFAULT_OPENAI_PORT if name == "openai_port" else "the Triton default"
+        default = {"openai_port": DEFAULT_OPENAI_PORT, "health_port": DEFAULT_HEALTH_PORT}.get(name, "the Triton default")
         serve.add_argument(f"--{name.replace('_', '-')}", type=int, help=f"default: ${env} or {default}")
+    serve.add_argument("--health-deadline", type=float, default=DEFAULT_DEADLINE_S,
+                       help=f"seconds the liveness check (GET {HEALTH_PATH} on the health port) waits for its token")
     serve.add_argument("--exit-timeout-secs", type=int, default=30)
     serve.add_argument("--log-verbose", type=int, default=0)
     serve.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
@@ -424,11 +430,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = ServerConfig.from_env(args.model_repository, http_port=args.http_port, grpc_port=args.grpc_port,
-                                       metrics_port=args.metrics_port, openai_port=args.openai_port)
+                                       metrics_port=args.metrics_port, openai_port=args.openai_port,
+                                       health_port=args.health_port)
     except ValueError as e:
         parser.error(f"bad port in environment: {e}")
     config.openai_port = None if args.no_openai else (
         DEFAULT_OPENAI_PORT if config.openai_port is None else config.openai_port)
+    config.health_port = DEFAULT_HEALTH_PORT if config.health_port is None else config.health_port
+    config.health_deadline_s = args.health_deadline
     config.exit_timeout_secs, config.log_verbose, config.extra_args = (
         args.exit_timeout_secs, args.log_verbose, extra)
     server = TritonServer(config, ready_timeout=args.ready_timeout)
@@ -436,9 +445,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve_until_stopped(server: TritonServer, ready_timeout: float) -> int:
-    """Start Triton, then the front door (if the config has a port); serve until SIGTERM/SIGINT or until either
-    process dies. Stop order: the front door first (it finishes its open streams), then Triton's drain."""
+    """Start Triton, then the liveness endpoint and the front door (each if the config has its port); serve until
+    SIGTERM/SIGINT or until either process dies. Stop order: the front door first (it finishes its open streams),
+    then Triton's drain; the liveness endpoint answers until Triton has exited."""
     front: FrontDoor | None = None
+    health: HealthServer | None = None
     stopping = threading.Event()
 
     def stop_all() -> None:
@@ -468,6 +479,8 @@ def serve_until_stopped(server: TritonServer, ready_timeout: float) -> int:
         print(f"serving: failed to start tritonserver: {e}", file=sys.stderr, flush=True)
         return 1
     u = server.urls
+    if server.config.health_port is not None:
+        health = HealthServer(u.grpc, server.config.health_port, server.config.health_deadline_s).start()
     if server.config.openai_port is not None:
         front = FrontDoor(u.grpc, server.config.openai_port, server.config.exit_timeout_secs, say=server.say)
         try:
@@ -480,7 +493,8 @@ def serve_until_stopped(server: TritonServer, ready_timeout: float) -> int:
             return 1
     if not stopping.is_set():
         openai = f", OpenAI {front.url}/v1" if front is not None else ""
-        server.say(f"ready: HTTP {u.http}, gRPC {u.grpc}, metrics {u.metrics}{openai}")
+        live = f", liveness http://localhost:{health.port}{HEALTH_PATH}" if health is not None else ""
+        server.say(f"ready: HTTP {u.http}, gRPC {u.grpc}, metrics {u.metrics}{openai}{live}")
     assert server.process is not None
     failed = False
     while server.process.poll() is None:  # a child that dies on its own stops the whole server, loudly
@@ -490,12 +504,15 @@ def serve_until_stopped(server: TritonServer, ready_timeout: float) -> int:
             failed = True
             forward(signal.SIGTERM, None)
         time.sleep(0.2)
-    if front is not None and not front.stopping:
-        server.say(f"serving: tritonserver exited on its own with code {server.returncode}; "
-                   "stopping the OpenAI front door")
+    if not stopping.is_set():  # nobody asked it to stop: say so, whatever else runs
+        also = "; stopping the OpenAI front door" if front is not None and not front.stopping else ""
+        server.say(f"serving: tritonserver exited on its own with code {server.returncode}{also}")
         failed = True
+    if front is not None and not front.stopping:
         front.stop()
     rc = _wait_exit(server)
+    if health is not None:
+        health.stop()
     front_rc = front.stop() if front is not None else 0  # already stopped: returns its exit code
     return rc or (_exit_code(front_rc) if front_rc else 0) or (1 if failed else 0)
 

@@ -11,12 +11,11 @@ from builders.trtllm.standin import LAYOUTS, render_layout  # noqa: F401 - the l
 TEST_LIMITS = dict(max_batch_size=8, max_input_len=192, max_seq_len=256, max_num_tokens=64)
 
 
-def stack_profile(engine: Path, tokenizer: Path, *, llm_queue: int = 32, text_queue: int = 128,
-                  max_batch_size: int = 8, text_instances: int = 1):
-    from builders.profile import DynamicBatcher, LLMStage, ServingProfile, Stage
+def stack_profile(engine: Path, tokenizer: Path, *, llm_queue: int = 32, max_batch_size: int = 8,
+                  text_instances: int = 1):
+    from builders.profile import LLMStage, ServingProfile, Stage
 
-    batcher = DynamicBatcher(max_queue_delay_us=0, max_queue_size=text_queue)
     return ServingProfile(name="test", engine_dir=engine, tokenizer_dir=tokenizer, max_batch_size=max_batch_size,
-                          preprocessing=Stage(instances=text_instances, batcher=batcher),
+                          preprocessing=Stage(instances=text_instances),  # no dynamic batcher, as builders/profiles/cpu.yaml
                           llm=LLMStage(max_queue_size=llm_queue, cpu_threads=1))
 

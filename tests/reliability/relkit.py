@@ -321,8 +321,13 @@ def _completed_in_window(run: LoadResult, duration_s: float) -> int:
 def launch_cli(repo: Path, out: Path, ports: list[int], exit_timeout_secs: int = 10,
                extra: list[str] | None = None) -> subprocess.Popen:
     """``python -m serving serve`` as a subprocess (what an operator or a container runs). ``ports``: HTTP, gRPC,
-    metrics and, when a fourth is given, the OpenAI front door's; without it, no front door (never the fixed 9000)."""
-    env = dict(os.environ, HTTP_PORT=str(ports[0]), GRPC_PORT=str(ports[1]), METRICS_PORT=str(ports[2]))
+    metrics and, when a fourth is given, the OpenAI front door's; without it, no front door (never the fixed 9000).
+    The liveness endpoint gets a fifth port when given, else a free one (never the fixed 8003)."""
+    from serving.launcher import free_ports
+
+    health = ports[4] if len(ports) > 4 else free_ports(1, taken=ports)[0]
+    env = dict(os.environ, HTTP_PORT=str(ports[0]), GRPC_PORT=str(ports[1]), METRICS_PORT=str(ports[2]),
+               HEALTH_PORT=str(health))
     cmd = [sys.executable, "-m", "serving", "serve", "--model-repository", str(repo),
            "--exit-timeout-secs", str(exit_timeout_secs)]
     if len(ports) > 3:
