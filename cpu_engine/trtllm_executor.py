@@ -53,6 +53,9 @@ from .token_sources import TOKEN_SOURCES, NullSource
 
 _STANDIN = {"token_source": "engine", "null_step_s": 0.0, "cpu_threads": 0, "tokenizer_dir": ""}
 _UNBOUNDED_QUEUE = 1 << 30
+#: The OS name of the thread that makes the stand-in's tokens (what the GPU does on a GPU): loadtest/cost_per_token.py
+#: reports its CPU apart from the serving path's.
+TOKEN_THREAD_NAME = "standin-tokens"
 
 
 def configure(token_source: str = "engine", null_step_s: float = 0.0, cpu_threads: int = 0,
@@ -291,6 +294,15 @@ class IterationStats:
 
 
 # ---- the executor ---------------------------------------------------------------------------------------
+def _name_os_thread(native_id: int, name: str) -> None:
+    """Name a thread of this process for ``/proc/PID/task/TID/comm`` readers (Linux); elsewhere, nothing."""
+    try:
+        with open(f"/proc/self/task/{native_id}/comm", "w") as comm:
+            comm.write(name)
+    except OSError:
+        pass
+
+
 _REASONS = {EngineFinish.LENGTH: FinishReason.LENGTH, EngineFinish.CANCELLED: FinishReason.CANCELLED}
 
 
@@ -338,6 +350,7 @@ class Executor:
             self.vocab_size = loaded.model.args.vocab_size
             # No token bytes: stop words match on token ids, as TensorRT-LLM matches them.
             self.source = LLMEngine(loaded.model, limits, on_event=self._on_event, dtype=loaded.compute_dtype).start()
+        _name_os_thread(self.source._thread.native_id, TOKEN_THREAD_NAME)
 
     # ---- the API ----------------------------------------------------------------------------------------
     def enqueue_request(self, request: Request) -> int:

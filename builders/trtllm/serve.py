@@ -1,16 +1,15 @@
 """Container entry point for GPU serving: check every engine against this runtime, then run tritonserver.
 
-``--no-openai`` (what the Helm chart's Triton container passes; the OpenAI front door is a container of its own
-there): *exec* tritonserver. ``exec`` replaces this Python process, so with the image's ``nvidia_entrypoint.sh``
-(which execs its arguments) tritonserver is PID 1: it receives SIGTERM directly, stops accepting requests and
-drains in-flight ones for ``--exit-timeout-secs``. For TP × PP > 1 in leader mode the exec'd process is
-``mpirun``, which forwards SIGTERM to every rank.
-
-Default (``docker run`` of the image): the same command runs as a child of serving.launcher's supervisor, with
-the OpenAI front door (``python -m serving openai``) beside it on OPENAI_PORT, exactly as ``make serve`` on CPU:
-the front door starts once Triton is ready; SIGTERM stops the front door first (it finishes its open streams),
-then reaches tritonserver, whose own exit timeout is the drain; either process dying on its own stops the other
-and exits non-zero. No exec here, because two processes must be stopped in order.
+tritonserver runs as a child of serving.launcher's supervisor, as ``make serve`` runs it on CPU, with the liveness
+check that generates (``GET /health/generate`` on HEALTH_PORT, serving/health.py: what the chart's livenessProbe and
+the image's HEALTHCHECK read) and, by default (``docker run`` of the image), the OpenAI front door (``python -m
+serving openai``) on OPENAI_PORT; ``--no-openai`` (what the Helm chart's Triton container passes: the front door is a
+container of its own there) leaves the front door out. SIGTERM stops the front door first (it finishes its open
+streams), then the launcher drains Triton as on CPU (new requests refused with UNAVAILABLE, accepted ones finish,
+up to EXIT_TIMEOUT_SECS: serving/drain.py), then tritonserver gets SIGTERM; tritonserver dying on its own stops the
+rest and exits non-zero. For TP × PP > 1 in leader mode the child is ``mpirun``, which forwards SIGTERM to
+every rank. Not exec'd as PID 1: a tritonserver alone answers ``/v2/health/live`` while its Python model is stuck
+(docs/reliability.md, "Liveness").
 """
 
 from __future__ import annotations
@@ -84,7 +83,9 @@ def build_server_argv(model_repository: Path, extra: list[str], multi_gpu_mode: 
     config = ServerConfig.from_env(model_repository)
     config.exit_timeout_secs = int(os.environ.get("EXIT_TIMEOUT_SECS", config.exit_timeout_secs))
     config.extra_args = list(extra)
-    config.drain = False  # tritonserver is exec'd as PID 1 and gets SIGTERM itself: its own exit timeout is the drain
+    # The launcher drains first, as on CPU: the llm is the same model, which reads the drain file and reports its
+    # engine's gauges (serving/drain.py); tritonserver's own exit timeout then only covers unloading.
+    config.drain = True
     install = TritonInstall(NGC_ROOT / "bin" / "tritonserver", NGC_ROOT / "backends")
     admin_key = os.environ.get(ADMIN_KEY_ENV) or os.urandom(18).hex()
     base = build_command(config, install, admin_key)[1:]
@@ -99,35 +100,42 @@ def build_server_argv(model_repository: Path, extra: list[str], multi_gpu_mode: 
                           llm_model_name=llm)
 
 
-def serve_with_front_door(model_repository: Path, server_argv: list[str], env: dict[str, str],
-                          ready_timeout: float) -> int:
-    """Run ``server_argv`` under serving.launcher's supervisor, with the OpenAI front door (module docstring)."""
-    from serving.launcher import DEFAULT_OPENAI_PORT, ServerConfig, TritonServer, serve_until_stopped
+def serve_supervised(model_repository: Path, server_argv: list[str], env: dict[str, str], ready_timeout: float,
+                     openai: bool, health_deadline_s: float) -> int:
+    """Run ``server_argv`` under serving.launcher's supervisor, with the liveness endpoint and (``openai``) the OpenAI
+    front door (module docstring)."""
+    from serving.launcher import (DEFAULT_HEALTH_PORT, DEFAULT_OPENAI_PORT, ServerConfig, TritonServer,
+                                  serve_until_stopped)
 
     class PreparedServer(TritonServer):  # the launcher's process handling, our command (mpirun included)
         def prepare(self) -> tuple[list[str], dict[str, str]]:
             return server_argv, env
 
-    config = ServerConfig.from_env(model_repository)  # ports (OPENAI_PORT too) and the stop budget
-    config.openai_port = DEFAULT_OPENAI_PORT if config.openai_port is None else config.openai_port
+    config = ServerConfig.from_env(model_repository)  # ports (OPENAI_PORT, HEALTH_PORT too) and the stop budget
+    config.openai_port = None if not openai else DEFAULT_OPENAI_PORT if config.openai_port is None \
+        else config.openai_port
+    config.health_port = DEFAULT_HEALTH_PORT if config.health_port is None else config.health_port
+    config.health_deadline_s = health_deadline_s
     config.exit_timeout_secs = int(os.environ.get("EXIT_TIMEOUT_SECS", config.exit_timeout_secs))
-    config.drain = False  # tritonserver gets SIGTERM itself (after the front door): its exit timeout is the drain
     return serve_until_stopped(PreparedServer(config, ready_timeout=ready_timeout), ready_timeout)
 
 
 def serve_main(argv: list[str] | None = None) -> int:
+    from serving.health import DEFAULT_DEADLINE_S
+
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(prog="python -m builders.trtllm serve",
-                                description="check the repository's engines, then exec tritonserver")
+                                description="check the repository's engines, then run tritonserver")
     p.add_argument("--model-repository", type=Path, required=True)
     p.add_argument("--multi-gpu-mode", choices=["orchestrator", "leader"],
                    default=os.environ.get("TRTLLM_MULTI_GPU_MODE", "orchestrator"))
     p.add_argument("--print-only", action="store_true", help="print the command instead of exec'ing it")
     p.add_argument("--no-openai", action="store_true",
-                   help="exec tritonserver alone (PID 1), without the OpenAI front door (Kubernetes runs it in a "
-                        "container of its own)")
+                   help="without the OpenAI front door (Kubernetes runs it in a container of its own)")
+    p.add_argument("--health-deadline", type=float, default=DEFAULT_DEADLINE_S,
+                   help="seconds the liveness check (GET /health/generate on HEALTH_PORT) waits for its token")
     p.add_argument("--ready-timeout", type=float, default=1800.0,
                    help="with the front door: seconds to wait for Triton's readiness before giving up")
     args = p.parse_args(argv)
@@ -150,8 +158,5 @@ def serve_main(argv: list[str] | None = None) -> int:
         shown = [re.sub(r"admin-key=\S+", "admin-key=***", a) for a in server_argv]
         print(" ".join(f"{k}={v}" for k, v in extra_env.items()) + (" " if extra_env else "") + " ".join(shown))
         return 0
-    if not args.no_openai:
-        return serve_with_front_door(args.model_repository, server_argv, env, args.ready_timeout)
-    sys.stdout.flush()
-    os.execvpe(server_argv[0], server_argv, env)  # never returns
-    return 0  # pragma: no cover
+    return serve_supervised(args.model_repository, server_argv, env, args.ready_timeout, not args.no_openai,
+                            args.health_deadline)

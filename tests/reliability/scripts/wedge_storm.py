@@ -125,7 +125,8 @@ def kill_server(server) -> None:
 def main() -> None:
     ap = parser(__doc__, "wedge-storm")
     ap.add_argument("--layout", default="trtllm-standin", help="cpu or trtllm-standin")
-    ap.add_argument("--no-batcher", action="store_true", help="preprocessing without its dynamic batcher")
+    ap.add_argument("--no-batcher", action="store_true", help="preprocessing without a dynamic batcher")
+    ap.add_argument("--batcher", action="store_true", help="preprocessing with a bounded dynamic batcher")
     ap.add_argument("--concurrency", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--abandon", type=float, default=0.5, help="share of streams abandoned mid-flight")
@@ -133,8 +134,10 @@ def main() -> None:
     ap.add_argument("--stall-s", type=float, default=30.0, help="no progress this long = wedged")
     ap.add_argument("--budget-s", type=float, default=1800.0, help="seconds of load in all")
     ap.add_argument("--max-wedges", type=int, default=5)
+    ap.add_argument("--server-seconds", type=float, default=None,
+                    help="restart the server after this long without a wedge (several runs in one budget)")
     args = ap.parse_args()
-    from builders.profile import Stage
+    from builders.profile import DynamicBatcher, Stage
     from tests.stack import render_layout, stack_profile
 
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -143,11 +146,14 @@ def main() -> None:
     profile = stack_profile(engine, checkpoint, max_batch_size=slots)
     if args.no_batcher:
         profile = profile.model_copy(update={"preprocessing": Stage(instances=1, batcher=None)})
-    tag = f"{args.layout}{'-nobatcher' if args.no_batcher else ''}"
+    elif args.batcher:  # the bounded batcher the profiles had until the wedge was removed (docs/reliability.md B12)
+        profile = profile.model_copy(update={"preprocessing": Stage(
+            instances=1, batcher=DynamicBatcher(max_queue_delay_us=0, max_queue_size=128))})
+    tag = f"{args.layout}{'-nobatcher' if args.no_batcher else '-batcher' if args.batcher else ''}"
     repo = render_layout(args.layout, profile, args.workdir / f"wedge-repo-{tag}")
     runs, spent, wedges = [], 0.0, 0
-    while spent < args.budget_s and wedges < args.max_wedges:
-        args.time_left = args.budget_s - spent
+    while spent < args.budget_s - 1 and wedges < args.max_wedges:
+        args.time_left = min(args.budget_s - spent, args.server_seconds or args.budget_s)
         server = relkit.start_server(repo, args.workdir, name=f"wedge-{tag}-{len(runs)}")
         progress = Progress()
         started = time.monotonic()
