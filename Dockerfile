@@ -88,18 +88,18 @@ COPY --chown=1000:1000 ${BAKE_ENGINE} /engines/llama/
 # uid 1000 is the image's triton-server user.
 USER 1000
 
-EXPOSE 8000 8001 8002 9000
+EXPOSE 8000 8001 8002 8003 9000
 STOPSIGNAL SIGTERM
-HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
-    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/v2/health/ready' % os.environ.get('HTTP_PORT', '8000'), timeout=4)"]
+HEALTHCHECK --interval=15s --timeout=10s --start-period=600s --retries=3 \
+    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health/generate' % os.environ.get('HEALTH_PORT', '8003'), timeout=9)"]
 
 # The image's entrypoint execs its arguments; `builders.trtllm serve` checks every engine's manifest against
-# this runtime. Then, by default, it runs tritonserver as its child and, once Triton is ready, the OpenAI-compatible
-# front door (`python -m serving openai` from /opt/venv, port OPENAI_PORT) beside it, with the CPU launcher's
-# supervisor (serving/launcher.py): SIGTERM stops the front door first (new requests get 503, open streams finish),
-# then tritonserver drains in-flight requests itself (each for up to EXIT_TIMEOUT_SECS, default 30: give `docker
-# stop` twice that plus a margin); either process dying stops the other, exit non-zero. It cannot simply exec here:
-# two processes must be stopped in order. With `--no-openai` (the Helm chart's Triton container; the front door is
-# a container of its own there) it execs tritonserver, which is then PID 1 and gets SIGTERM directly.
+# this runtime, then runs tritonserver as the child of the CPU launcher's supervisor (serving/launcher.py), which
+# serves the liveness check that generates on HEALTH_PORT (GET /health/generate, the HEALTHCHECK above) and, by
+# default, the OpenAI-compatible front door (`python -m serving openai` from /opt/venv, port OPENAI_PORT). SIGTERM
+# stops the front door first (new requests get 503, open streams finish), then the launcher drains Triton (new
+# requests UNAVAILABLE, accepted ones finish, up to EXIT_TIMEOUT_SECS, default 30: give `docker stop` twice that plus
+# a margin), then tritonserver gets SIGTERM; either process dying stops the other, exit non-zero. `--no-openai` (the
+# Helm chart's Triton container; the front door is a container of its own there) leaves the front door out.
 ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "/opt/venv/bin/python", "-m", "builders.trtllm", "serve"]
 CMD ["--model-repository", "/engines/llama/model_repository"]

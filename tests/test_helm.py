@@ -537,10 +537,15 @@ def test_policies(rendered, profile):
     else:
         assert not any("nvidia.com" in k for k in limits)
 
-    # Probes with Triton's meaning.
+    # Startup and readiness with Triton's meaning; liveness generates a token (serving/health.py), on the port the
+    # entry point serves it on, with a probe timeout above the check's own deadline.
     assert server["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert server["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
-    assert server["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    assert server["livenessProbe"]["httpGet"] == {"path": "/health/generate", "port": "health"}
+    assert {"name": "health", "containerPort": values["ports"]["health"], "protocol": "TCP"} in server["ports"]
+    live = values["probes"]["liveness"]
+    assert server["livenessProbe"]["timeoutSeconds"] > live["deadlineSeconds"]
+    assert f"--health-deadline={live['deadlineSeconds']}" in server["args"]
     sp = server["startupProbe"]
     assert sp["periodSeconds"] * sp["failureThreshold"] >= values["probes"]["startup"]["maxStartupSeconds"]
     assert deployment["spec"]["progressDeadlineSeconds"] > values["probes"]["startup"]["maxStartupSeconds"]
@@ -552,9 +557,10 @@ def test_policies(rendered, profile):
     assert server["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", str(drain["preStopSleepSeconds"])]}}
     env = {e["name"]: e.get("value") for e in server["env"]}
     assert env["EXIT_TIMEOUT_SECS"] == str(drain["exitTimeoutSeconds"])
-    assert (env["HTTP_PORT"], env["GRPC_PORT"], env["METRICS_PORT"]) == ("8000", "8001", "8002")
-    # PID 1: the image's entry point (GPU: builders.trtllm serve, which execs tritonserver; CPU: tini -> the
-    # launcher, which forwards SIGTERM); never a shell wrapper that would swallow the signal.
+    assert (env["HTTP_PORT"], env["GRPC_PORT"], env["METRICS_PORT"], env["HEALTH_PORT"]) == (
+        "8000", "8001", "8002", "8003")
+    # PID 1: the image's entry point (GPU: builders.trtllm serve, which runs the launcher's supervisor; CPU: tini ->
+    # the launcher), which forwards SIGTERM; never a shell wrapper that would swallow the signal.
     args = server["args"]
     assert "command" not in server
     assert not any(a in ("sh", "bash", "-c") for a in args)
@@ -562,7 +568,7 @@ def test_policies(rendered, profile):
     extra = args[args.index("--") + 1:]
     assert f"--metrics-interval-ms={values['metrics']['intervalMs']}" in extra
     if gpu:
-        assert args[1] == f"--multi-gpu-mode={values['gpu']['multiGpuMode']}"
+        assert args[2] == f"--multi-gpu-mode={values['gpu']['multiGpuMode']}"
     else:
         assert f"--exit-timeout-secs={drain['exitTimeoutSeconds']}" in args[:args.index("--")]
         assert f"--ready-timeout={values['probes']['startup']['maxStartupSeconds']}" in args[:args.index("--")]
@@ -763,7 +769,8 @@ def test_gpu_args_are_what_the_gpu_entrypoint_takes(rendered, tmp_path):
                           capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, **env), timeout=60)
     assert proc.returncode == 0, proc.stderr
     cmd = proc.stdout.split()
-    for flag in ("--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--exit-timeout-secs=30",
+    # The launcher drains for EXIT_TIMEOUT_SECS first (30); tritonserver's own timeout then covers unloading (10).
+    for flag in ("--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--exit-timeout-secs=10",
                  "--model-control-mode=none", "--strict-readiness=true", "--allow-metrics=true",
                  "--http-restricted-api=model-repository,shared-memory,trace,logging:admin-key=***",
                  "--metrics-config=histogram_latencies=true",

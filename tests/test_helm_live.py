@@ -16,6 +16,7 @@ Slower than tests/test_helm.py (it starts a server).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -156,7 +157,7 @@ def chart_server(helm_bin, helm_env, request, tmp_path_factory):
     if IMAGE:
         yield from _chart_server_in_image(pod, server, args, info)
         return
-    ports = dict(zip(("HTTP_PORT", "GRPC_PORT", "METRICS_PORT"), free_ports(3)))
+    ports = dict(zip(("HTTP_PORT", "GRPC_PORT", "METRICS_PORT", "HEALTH_PORT"), free_ports(4)))
     env = dict(os.environ)
     for e in server["env"]:
         if e["name"] in ports:
@@ -173,6 +174,7 @@ def chart_server(helm_bin, helm_env, request, tmp_path_factory):
     _wait_ready(f"http://{http}/v2/health/ready", proc, log, 300, "the chart's CPU command")
     try:
         yield {**info, "proc": proc, "http": http, "http_host": http, "grpc": f"127.0.0.1:{ports['GRPC_PORT']}",
+               "health_host": f"127.0.0.1:{ports['HEALTH_PORT']}", "server": server,
                "log": log, "netns": None, "client_python": sys.executable}
     finally:
         if proc.poll() is None:
@@ -192,11 +194,11 @@ def _chart_server_in_image(pod: dict, server: dict, args: list[str], info: dict)
         assert proc.returncode == 0, f"init container {init['name']}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
     env = {e["name"]: e["value"] for e in server["env"] if "value" in e}
     env["TRITON_ADMIN_KEY"] = ADMIN_KEY  # what the secretKeyRef provides in the cluster
-    inner = {k: int(env[k]) for k in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT")}
+    inner = {k: int(env[k]) for k in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT", "HEALTH_PORT")}
     front = next((c for c in pod["containers"] if c["name"] == "openai"), None)
     openai_inner = next((int(a.split("=", 1)[1]) for a in (front or {}).get("command", []) if a.startswith("--port=")),
                         9000)
-    host = dict(zip((*inner, "OPENAI_PORT"), free_ports(4)))
+    host = dict(zip((*inner, "OPENAI_PORT"), free_ports(5)))
     publish = [a for k, p in inner.items() for a in ("-p", f"127.0.0.1:{host[k]}:{p}")]
     publish += ["-p", f"127.0.0.1:{host['OPENAI_PORT']}:{openai_inner}"]  # the front door shares this netns
     subprocess.run([*_engine(), "run", "-d", "--name", name, *_engine_run_args(), *_container_args(server, pod),
@@ -207,7 +209,8 @@ def _chart_server_in_image(pod: dict, server: dict, args: list[str], info: dict)
     try:
         _wait_ready(f"http://{http_host}/v2/health/ready", proc, _LogView(name), 300, "the chart's Triton container")
         yield {**info, "proc": proc, "http": f"127.0.0.1:{inner['HTTP_PORT']}", "http_host": http_host,
-               "grpc": f"127.0.0.1:{inner['GRPC_PORT']}", "log": _LogView(name), "netns": name,
+               "grpc": f"127.0.0.1:{inner['GRPC_PORT']}", "health_host": f"127.0.0.1:{host['HEALTH_PORT']}",
+               "server": server, "log": _LogView(name), "netns": name,
                "client_python": "python", "openai_inner": openai_inner, "openai_host": host["OPENAI_PORT"]}
     finally:
         proc.kill()
@@ -317,6 +320,18 @@ def test_admin_apis_need_the_key(chart_server):
         assert _status(base + path) == 403, path
         assert _status(base + path, {"admin-key": ADMIN_KEY}) == 200, path
     assert _status(base + "/v2/health/live") == 200
+
+
+def test_the_liveness_probe_generates(chart_server):
+    """The chart's livenessProbe, as the kubelet sends it: the path on the container's named port answers 200 after
+    generating a token (serving/health.py)."""
+    probe = chart_server["server"]["livenessProbe"]["httpGet"]
+    port = next(p for p in chart_server["server"]["ports"] if p["name"] == probe["port"])
+    assert port["containerPort"] == int(chart_server["server"]["env"][
+        [e["name"] for e in chart_server["server"]["env"]].index("HEALTH_PORT")]["value"])
+    with urllib.request.urlopen(f"http://{chart_server['health_host']}{probe['path']}", timeout=30) as r:
+        body = json.loads(r.read())
+    assert r.status == 200 and body["ok"], body
 
 
 def test_sigterm_drains_within_the_computed_grace(chart_server):

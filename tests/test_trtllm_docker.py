@@ -50,7 +50,7 @@ def test_gpu_dockerfile_properties():
     assert get("USER") == ["1000"]
     entry = json.loads(get("ENTRYPOINT")[0])  # exec form: a JSON array, no shell in between
     assert entry[-3:] == ["-m", "builders.trtllm", "serve"]
-    assert "/v2/health/ready" in get("HEALTHCHECK")[0]
+    assert "/health/generate" in get("HEALTHCHECK")[0]  # the liveness check that generates (serving/health.py)
     assert any(a.startswith("BAKE_ENGINE=") for a in get("ARG"))
     # The stubs embed the image's python3, which ignores PYTHONPATH: the project reaches it through a .pth file.
     assert any("site.getsitepackages()" in r and "triton_llm_stack.pth" in r for r in get("RUN"))
@@ -76,7 +76,7 @@ def test_cpu_dockerfile_properties():
     assert "-r requirements-server.lock" in run
     assert "download.pytorch.org/whl/cpu" in run  # where torch 2.13.0+cpu (hash-pinned in the lock) comes from
     assert "/run/host-pip/pip.conf" in run  # or this machine's pip configuration, passed in at build time only
-    assert "/v2/health/ready" in get("HEALTHCHECK")[0]
+    assert "/health/generate" in get("HEALTHCHECK")[0]  # the liveness check that generates (serving/health.py)
     # the engine and tokenizer, never the fp32 checkpoint
     assert "build/engines/smollm2-fp32/ /model/engines/smollm2-fp32/" in get("COPY")
     labels = " ".join(get("LABEL"))

@@ -320,6 +320,10 @@ Render-time checks that a schema cannot express. Each failure says what is wrong
 {{- $msg := printf "\n\ndrain.preStopAction=sleep needs Kubernetes >= 1.30 (the kubelet's sleep action); this cluster is %s: use drain.preStopAction=exec." .Capabilities.KubeVersion.Version -}}
 {{- fail $msg -}}
 {{- end -}}
+{{- if le (float64 $v.probes.liveness.timeoutSeconds) (float64 $v.probes.liveness.deadlineSeconds) -}}
+{{- $msg := printf "\n\nprobes.liveness.timeoutSeconds (%v) must exceed probes.liveness.deadlineSeconds (%v): the check answers 503 itself when\nits token is late, and the kubelet must wait for that answer. Raise timeoutSeconds or lower deadlineSeconds." $v.probes.liveness.timeoutSeconds $v.probes.liveness.deadlineSeconds -}}
+{{- fail $msg -}}
+{{- end -}}
 {{- if eq $v.updateStrategy.type "RollingUpdate" -}}
 {{- $ru := $v.updateStrategy.rollingUpdate -}}
 {{- if and (eq (toString $ru.maxSurge) "0") (eq (toString $ru.maxUnavailable) "0") -}}
