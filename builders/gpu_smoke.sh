@@ -4,13 +4,15 @@
 # First the two cheapest checks a GPU machine can answer, each of which would otherwise cost a whole run:
 #   1. the image's TensorRT-LLM version, as the image's python3 and as the project's tool venv (/opt/venv, made by
 #      builders/trtllm/tool_venv.sh) read it, equals the pinned one (builders/trtllm/pins.py): no GPU needed;
-#   2. the C++ tensorrt_llm model loads with the config.pbtxt we render: tritonserver with only that model
-#      (--model-control-mode=explicit --load-model=tensorrt_llm) on the fp16 engine, until
-#      /v2/models/tensorrt_llm/ready answers (a missing parameter fails here: "Cannot find parameter with name").
+#   2. the llm model starts TensorRT-LLM's executor with the ExecutorConfig our config.pbtxt describes: tritonserver
+#      with only that model (--model-control-mode=explicit --load-model=llm) on the fp16 engine, until
+#      /v2/models/llm/ready answers (a binding that refuses one of our arguments fails here with its TypeError).
 # Then, for every variant this GPU supports: build a small real Llama engine, serve it, send streaming requests,
-# check the first four streamed answers equal their non-streamed twins byte for byte (the real backend; on CPU the
-# stand-in shows it, docs/gpu.md), and print TTFT / throughput and greedy agreement with the fp16 engine. Run it
-# inside the GPU image:
+# check the first four streamed answers equal their non-streamed twins byte for byte (the real executor; on CPU the
+# stand-in shows it, docs/gpu.md), and print TTFT / throughput and greedy agreement with the fp16 engine. On the
+# fp16 server, before its requests: the wedge storm (tests/reliability/scripts/wedge_storm.py --url, hang-up storms
+# for STRESS_SECONDS) with the liveness check (GET /health/generate) polled throughout: no stall, no failed probe.
+# Run it inside the GPU image:
 #
 #   docker run --rm --gpus all --shm-size=2g -v "$PWD:/work" -w /work \
 #       --entrypoint /opt/nvidia/nvidia_entrypoint.sh triton-llm-stack:gpu bash builders/gpu_smoke.sh
@@ -22,6 +24,7 @@
 #   WORK=dir           build outputs and results (default: build/gpu_smoke)
 #   PROMPTS=n          requests per variant (default 16), MAX_TOKENS (default 64), CONCURRENCY (default 4)
 #   ONLY_CHECKS=1      stop after the two first checks
+#   STRESS_SECONDS=n   the fp16 server's wedge storm (default 600; 0: none)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -34,7 +37,9 @@ CONCURRENCY=${CONCURRENCY:-4}
 HTTP_PORT=${HTTP_PORT:-18000}
 GRPC_PORT=${GRPC_PORT:-18001}
 METRICS_PORT=${METRICS_PORT:-18002}
-export HTTP_PORT GRPC_PORT METRICS_PORT HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+HEALTH_PORT=${HEALTH_PORT:-18003}
+STRESS_SECONDS=${STRESS_SECONDS:-600}
+export HTTP_PORT GRPC_PORT METRICS_PORT HEALTH_PORT HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 mkdir -p "$WORK"
 
 echo "=== check 1: the image's tensorrt_llm version"
@@ -89,26 +94,26 @@ build_variant() {  # build_variant VARIANT: once per run
     built+="$variant "
 }
 
-echo "=== check 2: tensorrt_llm loads with our config.pbtxt"
+echo "=== check 2: the llm starts TensorRT-LLM's executor with our config.pbtxt"
 build_variant fp16
 "$TRITONSERVER" --model-repository="$WORK/fp16/model_repository" --model-control-mode=explicit \
-    --load-model=tensorrt_llm --disable-auto-complete-config --http-port="$HTTP_PORT" --grpc-port="$GRPC_PORT" \
+    --load-model=llm --disable-auto-complete-config --http-port="$HTTP_PORT" --grpc-port="$GRPC_PORT" \
     --metrics-port="$METRICS_PORT" >"$WORK/check2.server.log" 2>&1 &
 server_pid=$!
 loaded=""
 for _ in $(seq 1 300); do
-    if "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$HTTP_PORT/v2/models/tensorrt_llm/ready', timeout=2)" \
+    if "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$HTTP_PORT/v2/models/llm/ready', timeout=2)" \
         2>/dev/null; then loaded=1; break; fi
     if ! kill -0 "$server_pid" 2>/dev/null; then break; fi
     sleep 1
 done
 stop_server
 if [[ -z "$loaded" ]]; then
-    echo "gpu_smoke: check 2 failed: tensorrt_llm did not become ready; from $WORK/check2.server.log:" >&2
-    grep -E "Cannot find parameter|unexpected error|failed to load|error" "$WORK/check2.server.log" | tail -20 >&2 || true
+    echo "gpu_smoke: check 2 failed: the llm did not become ready; from $WORK/check2.server.log:" >&2
+    grep -E "Error|error|Traceback|failed to load" "$WORK/check2.server.log" | tail -20 >&2 || true
     exit 1
 fi
-echo "tensorrt_llm: ready"
+echo "llm (TensorRT-LLM executor): ready"
 if [[ -n "${ONLY_CHECKS:-}" ]]; then exit 0; fi
 
 for variant in "${variant_list[@]}"; do
@@ -128,6 +133,32 @@ for variant in "${variant_list[@]}"; do
         fi
         sleep 1
     done
+
+    if [[ "$variant" == "fp16" && "$STRESS_SECONDS" != "0" ]]; then
+        echo "=== fp16: wedge storm for $STRESS_SECONDS s, liveness polled"
+        "$PY" - "$HEALTH_PORT" "$STRESS_SECONDS" >"$WORK/stress.liveness.json" <<'PYEOF' &
+import json, sys, time, urllib.error, urllib.request
+port, seconds = sys.argv[1], float(sys.argv[2])
+results, end = [], time.monotonic() + seconds
+while time.monotonic() < end:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/generate", timeout=30) as r:
+            results.append(json.loads(r.read()))
+    except urllib.error.HTTPError as e:
+        results.append(json.loads(e.read()))
+    time.sleep(5)
+json.dump({"probes": len(results), "failed": [r for r in results if not r["ok"]]}, sys.stdout)
+PYEOF
+        prober=$!
+        "$PY" tests/reliability/scripts/wedge_storm.py --url "127.0.0.1:$GRPC_PORT" --budget-s "$STRESS_SECONDS" \
+            --concurrency 64 --max-tokens "$MAX_TOKENS"
+        wait "$prober"
+        if ! "$PY" -c "import json, sys; d = json.load(open(sys.argv[1])); print(d); sys.exit(bool(d['failed']))" \
+            "$WORK/stress.liveness.json"; then
+            echo "gpu_smoke: the liveness check failed during the storm" >&2
+            exit 1
+        fi
+    fi
 
     echo "=== $variant: streaming requests"
     "$PY" - "$variant" "$WORK" "$PROMPTS" "$MAX_TOKENS" "$CONCURRENCY" "$HTTP_PORT" <<'PYEOF'

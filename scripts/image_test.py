@@ -7,10 +7,13 @@ SDK against serving/openai):
              non-streamed; one bad input each gets its 400; every process runs as uid != 0; the root filesystem is
              read-only (--read-only, a tmpfs on /tmp) and the server does not need it writable
   drain      `stop -t 60` with 8 streams in flight (4 gRPC, 4 OpenAI): 8/8 complete, new requests refused, exit 0
+  liveness   the liveness check that generates (GET /health/generate, the image's HEALTHCHECK): 200; the llm stub
+             stopped (SIGSTOP) -> 503 within its deadline while Triton's /v2/health/live stays 200; SIGCONT -> 200
+             again, or tritonserver aborted and the container exited non-zero (what a restart policy restarts)
   cold       container create -> ready over HTTP, N starts (default 3), with the parts from the logs
   helm       tests/test_helm_live.py with the chart's containers run from this image (TRITON_LLM_IMAGE)
 
-    python scripts/image_test.py [--image triton-llm-stack:cpu] [--starts 3] [--only serve,drain,cold,helm]
+    python scripts/image_test.py [--image triton-llm-stack:cpu] [--starts 3] [--only serve,drain,liveness,cold,helm]
                                  [--json build/image-test.json]
 
 Prints a table per part and writes the measurements as JSON. Exit 0 when every check passes.
@@ -84,7 +87,7 @@ class Container:
 
     def __init__(self, image: str, name: str, extra: list[str] | None = None):
         self.image, self.name = image, name
-        self.ports = dict(zip(("http", "grpc", "metrics", "openai"), free_ports(4)))
+        self.ports = dict(zip(("http", "grpc", "metrics", "openai", "health"), free_ports(5)))
         self.extra = extra or []
         self.t_create = self.t_created = self.t_started = None
 
@@ -100,9 +103,13 @@ class Container:
     def openai(self) -> str:
         return f"http://127.0.0.1:{self.ports['openai']}/v1"
 
+    @property
+    def health(self) -> str:
+        return f"http://127.0.0.1:{self.ports['health']}/health/generate"
+
     def create_and_start(self) -> None:
         sh("rm", "-f", self.name, check=False)
-        publish = [a for inner, p in zip((8000, 8001, 8002, 9000), self.ports.values())
+        publish = [a for inner, p in zip((8000, 8001, 8002, 9000, 8003), self.ports.values())
                    for a in ("-p", f"127.0.0.1:{p}:{inner}")]
         self.t_create = time.time()
         sh("create", "--name", self.name, *run_args(), *publish, *self.extra, self.image)
@@ -179,6 +186,64 @@ def check_serve(c: Container, results: dict) -> None:
     checks["read_only"] = "root filesystem read-only, /tmp a tmpfs; served throughout"
     for k, v in checks.items():
         print(f"  serve {k}: {v}")
+
+
+# ---------------------------------------------------------------------------------------------------- liveness
+
+_FIND_LLM_STUB = ("import pathlib; print(next(p.name for p in pathlib.Path('/proc').glob('[0-9]*') "
+                  "if b'/llm/1/model.py' in (p / 'cmdline').read_bytes() and "
+                  "(p / 'cmdline').read_bytes().split(b'\\0')[0].endswith(b'triton_python_backend_stub')))")
+
+
+def check_liveness(image: str, results: dict) -> None:
+    """On a container of its own: stopping the llm stub may end tritonserver (Triton 2.51 aborts over it)."""
+    from serving.health import DEFAULT_DEADLINE_S
+
+    checks = results.setdefault("liveness", {})
+    c = Container(image, "triton-llm-image-test-liveness")
+    try:
+        c.create_and_start()
+        c.wait_ready(f"{c.http}/v2/health/ready")
+        status, body = http_status(c.health, timeout=30)
+        assert status == 200 and json.loads(body)["ok"], (status, body)
+        assert sh("healthcheck", "run", c.name, check=False).returncode == 0, "the image's HEALTHCHECK failed"
+        checks["healthy"] = json.loads(body)
+        pid = sh("exec", c.name, "python3", "-c", _FIND_LLM_STUB).stdout.strip()
+        signal_stub = ["exec", c.name, "python3", "-c", "import os, signal, sys; os.kill(int(sys.argv[1]), "
+                       "getattr(signal, sys.argv[2]))", pid]
+        sh(*signal_stub, "SIGSTOP")
+        try:
+            started = time.monotonic()
+            status, body = http_status(c.health, timeout=30)
+            took = time.monotonic() - started
+            assert status == 503 and took < DEFAULT_DEADLINE_S + 3, (status, took, body)
+            assert http_status(f"{c.http}/v2/health/live")[0] == 200  # Triton's own says nothing is wrong
+            checks["stopped"] = {"status": status, "seconds": round(took, 2), "detail": json.loads(body)["detail"],
+                                 "triton_live": 200,
+                                 "healthcheck_rc": sh("healthcheck", "run", c.name, check=False).returncode}
+            assert checks["stopped"]["healthcheck_rc"] != 0, "the image's HEALTHCHECK passed with the llm stopped"
+        finally:
+            sh(*signal_stub, "SIGCONT", check=False)
+        deadline = time.monotonic() + 60
+        while True:
+            state = c.state()
+            if state["Status"] not in ("running", "created", "configured", "initialized"):
+                assert state.get("ExitCode") not in (0, None), state
+                checks["after_sigcont"] = f"container exited {state.get('ExitCode')} (tritonserver aborted)"
+                break
+            status, body = http_status(c.health, timeout=30)
+            if status == 200:
+                checks["after_sigcont"] = "generating again"
+                break
+            assert time.monotonic() < deadline, (status, body)
+            time.sleep(1)
+        for k, v in checks.items():
+            print(f"  liveness {k}: {v}")
+    except Exception:
+        print(c.logs()[-3000:], file=sys.stderr)
+        raise
+    finally:
+        c.remove()
 
 
 # ---------------------------------------------------------------------------------------------------- drain
@@ -455,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--image", default="triton-llm-stack:cpu")
     ap.add_argument("--starts", type=int, default=3)
-    ap.add_argument("--only", default="serve,drain,cold,helm")
+    ap.add_argument("--only", default="serve,drain,liveness,cold,helm")
     ap.add_argument("--json", default=str(ROOT / "build" / "image-test.json"))
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
@@ -489,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
             if failed:
                 print(c.logs()[-3000:], file=sys.stderr)
             c.remove()
-    for name, fn in (("cold", lambda: check_cold(args.image, args.starts, results)),
+    for name, fn in (("liveness", lambda: check_liveness(args.image, results)),
+                     ("cold", lambda: check_cold(args.image, args.starts, results)),
                      ("helm", lambda: check_helm(args.image, results))):
         if name in only:
             try:

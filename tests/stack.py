@@ -7,6 +7,9 @@ from pathlib import Path
 
 from builders.trtllm.standin import LAYOUTS, render_layout  # noqa: F401 - the layouts the end-to-end tests serve
 
+# The reliability suite's prompts (tests/reliability: relkit.PROMPTS, the scripts).
+PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Parser:\n    def __init__(self", "x = [1, 2, 3]",
+           "for i in range(10):", "# 你好 — café 👋", "return {k: v for k, v in items}", "while True:\n    pass"]
 # Small limits so bad-input cases (over-long prompts, too many tokens) are cheap to provoke.
 TEST_LIMITS = dict(max_batch_size=8, max_input_len=192, max_seq_len=256, max_num_tokens=64)
 

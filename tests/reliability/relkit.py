@@ -27,7 +27,7 @@ if str(PROJECT_ROOT) not in sys.path:  # scripts run as files
     sys.path.insert(0, str(PROJECT_ROOT))
 
 from serving.prometheus import fetch, total  # noqa: E402
-from tests.stack import TEST_LIMITS, stack_profile  # noqa: E402
+from tests.stack import PROMPTS, TEST_LIMITS, stack_profile  # noqa: E402, F401 (PROMPTS: relkit.PROMPTS)
 from tests.triton_helpers import wait_for  # noqa: E402 (the reliability tests call relkit.wait_for too)
 
 
@@ -202,8 +202,6 @@ class LoadResult:
         return [o for o in self.outcomes if o.kind == kind]
 
 
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Parser:\n    def __init__(self", "x = [1, 2, 3]",
-           "for i in range(10):", "# 你好 — café 👋", "return {k: v for k, v in items}", "while True:\n    pass"]
 
 
 async def one_request(client, prompt: str, max_tokens: int, stream: bool, timeout_s: float) -> Outcome:

@@ -11,8 +11,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from tests.reliability import relkit  # noqa: E402
-
 
 def parser(doc: str, name: str | None = None) -> argparse.ArgumentParser:
     """Common options; with ``name``, also --name and --replot for a script that writes <name>.json/.png."""
@@ -46,6 +44,8 @@ def publish(args, data: dict, result: dict, plot: Callable[[dict, Path], None]) 
 
 def repository(args, limits: dict | None = None, llm_queue: int = 32) -> tuple[Path, int]:
     """(repository, slots): the given one, or the tiny random Llama rendered like tests/conftest.py's."""
+    from tests.reliability import relkit  # its psutil: only where a server is started here
+
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.repository is not None:
         if args.slots is None:
@@ -59,6 +59,8 @@ def repository(args, limits: dict | None = None, llm_queue: int = 32) -> tuple[P
 
 def on_server(args, repo: Path, load: Callable[[object], dict]) -> dict:
     """Start a server on ``repo``, run ``load(server)``, stop it (drain included): the exit code goes in the report."""
+    from tests.reliability import relkit
+
     server = relkit.start_server(repo, args.workdir, name=args.name)
     try:
         result = load(server)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import sys
 
-from _common import on_server, parser, publish, relkit, replot, repository
+from _common import on_server, parser, publish, replot, repository
+
+from tests.reliability import relkit
 
 
 def plot(result: dict, path) -> None:

@@ -14,7 +14,9 @@ import math
 import sys
 import time
 
-from _common import on_server, parser, publish, relkit, replot, repository
+from _common import on_server, parser, publish, replot, repository
+
+from tests.reliability import relkit
 
 
 def plot(result: dict, path) -> None:

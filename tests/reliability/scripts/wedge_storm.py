@@ -11,6 +11,10 @@ did not wedge).
 
     python tests/reliability/scripts/wedge_storm.py --layout trtllm-standin --budget-s 1800
     python tests/reliability/scripts/wedge_storm.py --layout trtllm-standin --no-batcher   # as CI rehearsals 8, 10
+    python tests/reliability/scripts/wedge_storm.py --url localhost:8001 --budget-s 300   # a server that runs (GPU)
+
+With ``--url`` the storm runs against a server started elsewhere (builders/gpu_smoke.sh's GPU server): a stall ends
+the run with exit code 1 and no thread dump or restart; it needs only the client SDK (tritonclient).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 
 from _common import parser, write_json
 
-from tests.reliability import relkit
+from tests.stack import PROMPTS  # not relkit's imports (psutil): --url runs in the GPU image's tool venv
 
 # python_backend's lock-order cycle (docs/gpu.md): these three frames together in one stub are its signature.
 DEADLOCK_FRAMES = ("GetResponseIterator", "EnqueueResponse", "ResponseIterator::Next")
@@ -44,7 +48,7 @@ async def _worker(client, rng: random.Random, progress: Progress, args, stop: as
     from client import GenerationError, SamplingParams
 
     while not stop.is_set():
-        stream = client.stream(rng.choice(relkit.PROMPTS), SamplingParams(max_tokens=args.max_tokens))
+        stream = client.stream(rng.choice(PROMPTS), SamplingParams(max_tokens=args.max_tokens))
 
         async def consume():
             async for _ in stream:
@@ -125,6 +129,7 @@ def kill_server(server) -> None:
 def main() -> None:
     ap = parser(__doc__, "wedge-storm")
     ap.add_argument("--layout", default="trtllm-standin", help="cpu or trtllm-standin")
+    ap.add_argument("--url", help="storm a running server's gRPC address instead of starting one")
     ap.add_argument("--no-batcher", action="store_true", help="preprocessing without a dynamic batcher")
     ap.add_argument("--batcher", action="store_true", help="preprocessing with a bounded dynamic batcher")
     ap.add_argument("--concurrency", type=int, default=48)
@@ -137,7 +142,16 @@ def main() -> None:
     ap.add_argument("--server-seconds", type=float, default=None,
                     help="restart the server after this long without a wedge (several runs in one budget)")
     args = ap.parse_args()
+    if args.url:
+        args.time_left = args.budget_s
+        progress, started = Progress(), time.monotonic()
+        wedged = asyncio.run(_load(args.url, args, progress, seed=0))
+        print(f"{args.url}: {'WEDGED: no progress for ' + str(args.stall_s) + ' s after' if wedged else 'clean for'} "
+              f"{(progress.last if wedged else time.monotonic()) - started:.0f} s; {progress.chunks} chunks, "
+              f"{progress.completed} completed, {progress.abandoned} abandoned, {progress.failed} failed")
+        sys.exit(1 if wedged else 0)
     from builders.profile import DynamicBatcher, Stage
+    from tests.reliability import relkit
     from tests.stack import render_layout, stack_profile
 
     args.workdir.mkdir(parents=True, exist_ok=True)
