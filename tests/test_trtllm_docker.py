@@ -276,11 +276,13 @@ def test_gpu_smoke_check1_runs_before_anything_needs_a_gpu(tmp_path, kind):
     assert result.returncode == 1 and "check 1 failed" in result.stderr
 
 
-def test_gpu_smoke_check2_loads_only_tensorrt_llm():
+def test_gpu_smoke_check2_loads_only_the_llm_and_its_executor():
     text = (ROOT / "builders" / "gpu_smoke.sh").read_text()
     body = text[text.index("set -euo pipefail"):]
     assert body.index("=== check 1") < body.index("nvidia-smi -L") < body.index("=== check 2") \
         < body.index('for variant in "${variant_list[@]}"')
     check2 = body[body.index("=== check 2"):body.index('for variant in "${variant_list[@]}"')]
-    assert "--model-control-mode=explicit" in check2 and "--load-model=tensorrt_llm" in check2
-    assert "/v2/models/tensorrt_llm/ready" in check2 and "build_variant fp16" in check2
+    assert "--model-control-mode=explicit" in check2 and "--load-model=llm" in check2
+    assert "/v2/models/llm/ready" in check2 and "build_variant fp16" in check2
+    storm = body[body.index('for variant in "${variant_list[@]}"'):]
+    assert "wedge_storm.py --url" in storm and "/health/generate" in storm  # the GPU's wedge storm and liveness
