@@ -158,11 +158,17 @@ class ExecutorEngine:
 
     @property
     def active(self) -> int:
-        return len(self._live) - self._admission.waiting
+        """Requests past the queue whose last event has not gone out: the llm reads it with a request's final
+        response, so a finished request never counts here (the launcher's drain waits for 0)."""
+        return sum(not live.waiting and not live.answered for live in list(self._live.values()))
 
     @property
     def kv_occupancy(self) -> float:
+        """The newest iteration stats' used / max KV blocks (≤ 100 ms old); 0 once every request's last event is out,
+        so the gauge the llm sets with the last final response is not that stale snapshot."""
         kv = getattr(self._stats, "kv_cache_stats", None)
+        if not any(not live.answered for live in list(self._live.values())):
+            return 0.0
         return kv.used_num_blocks / kv.max_num_blocks if kv is not None and kv.max_num_blocks else 0.0
 
     def iteration_stats(self):

@@ -52,18 +52,15 @@ def test_fifty_abandoned_streams_free_every_slot_within_a_second(front, triton):
     before = total(scrape(metrics), "llm_requests_finished_total", reason="cancelled")
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda _: _abandon_stream(front.url), range(50)))
-    # Documented difference (docs/gpu.md): in the GPU layout each stop crosses two more processes (the wrapper, then
-    # tensorrt_llm's queue), so on two busy cores its slots are freed later than the CPU layout's second.
-    budget = 1.0 if triton.layout == "cpu" else 5.0
+    budget = 1.0  # both layouts: the llm sees each hang-up itself (the GPU layout's cancels it in its executor)
     deadline = time.monotonic() + budget
     wait_for(lambda: _engine_idle(metrics) or time.monotonic() > deadline, timeout=budget + 4, what="the engine idle")
     assert _engine_idle(metrics), f"slots still held {budget:.0f} s after the last client hung up"
-    # CPU: the engine sees each hang-up itself, so nearly all end `cancelled`. GPU layout: some stops arrive after
-    # the stream's last token (documented difference, docs/gpu.md), so only "some" is asserted there.
-    enough = 40 if triton.layout == "cpu" else 1
+    # The llm sees each hang-up itself, so nearly all end `cancelled`.
+    enough = 40
     cancelled = wait_for(lambda: total(scrape(metrics), "llm_requests_finished_total", reason="cancelled") - before
                          >= enough and total(scrape(metrics), "llm_requests_finished_total", reason="cancelled") - before,
-                         timeout=5 if triton.layout == "cpu" else 20, what="the abandoned requests counted as cancelled")
+                         timeout=5, what="the abandoned requests counted as cancelled")
     assert cancelled <= 50
     with openai.OpenAI(base_url=front.v1, api_key="x", max_retries=0) as sdk:  # and the server serves on
         assert sdk.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4).usage.completion_tokens == 4

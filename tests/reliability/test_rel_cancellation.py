@@ -21,22 +21,19 @@ from serving.prometheus import fetch, total
 from tests.reliability import relkit
 from tests.triton_helpers import stream_request, text_inputs
 
-pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the tensorrt_llm stand-in
+pytestmark = pytest.mark.both_layouts  # the CPU layout and the GPU layout with the stand-in executor
 
 STORM = 200
 
 
 @pytest.fixture(scope="module")
-def server(layout, layout_repository, long_layout_repository, tmp_path_factory):
-    """CPU layout: the tiny model with its whole context (tests/conftest.py LONG_SEQ_LEN) and 800-token streams, so
-    every stream abandoned in the storm's first 0.25 s is still running when its cancel and stop arrive, however
-    slow the machine. The stand-in keeps the suite's engine and 200-token streams, the setting with the longer
-    record: its wrapper can wedge in python_backend's lock-order deadlock under many BLS streams (docs/gpu.md,
-    "Open"), and its documented stop losses do not depend on the length."""
-    repository = long_layout_repository if layout == "cpu" else layout_repository
-    server = relkit.start_server(repository, tmp_path_factory.mktemp("cancel"), exit_timeout_secs=10,
+def server(layout, long_layout_repository, tmp_path_factory):
+    """The tiny model with its whole context (tests/conftest.py LONG_SEQ_LEN) and 800-token streams, so every stream
+    abandoned in the storm's first 0.25 s is still running when its cancel and stop arrive, however slow the machine.
+    Both layouts alike: the GPU layout's llm sees a hang-up itself and cancels it in its executor (docs/gpu.md)."""
+    server = relkit.start_server(long_layout_repository, tmp_path_factory.mktemp("cancel"), exit_timeout_secs=10,
                                  name="cancellation")
-    server.layout, server.max_tokens = layout, 800 if layout == "cpu" else 200
+    server.layout, server.max_tokens = layout, 800
     yield server
     if server.returncode is None:
         server.stop()
@@ -54,7 +51,7 @@ def test_200_streams_cancelled_at_random_points_free_every_slot(server):
     assert after.kv == 0
     assert len(records) == STORM
     abandoned = [r for r in records if not r["completed"]]
-    assert len(abandoned) >= STORM * (1.0 if server.layout == "cpu" else 0.8), "most must be abandoned mid-flight"
+    assert len(abandoned) == STORM, "every stream must be abandoned mid-flight"
     assert any(r["deltas"] == 0 for r in abandoned) and any(r["deltas"] > 3 for r in abandoned)
     ended = {k: after.finished[k] - before.finished[k] for k in after.finished}
     # Cancelled before its llm step started, Triton drops the step (CANCELED) and no slot was ever taken.
@@ -67,14 +64,8 @@ def test_200_streams_cancelled_at_random_points_free_every_slot(server):
     # (Triton counts a request dropped between steps twice, so received can exceed STORM by those.)
     seen = sum(r["deltas"] > 0 for r in records)
     assert seen <= received and 0.95 * received <= sum(ended.values()) <= received, (seen, received, ended)
-    if server.layout == "cpu":  # each one the engine took ended because of its stop: none at max_tokens, no error
-        assert {k for k, n in ended.items() if n} <= {"cancelled", "dropped before the engine"}, ended
-    else:
-        # Documented difference (docs/gpu.md): each token crosses one more process, so the client reads the tiny
-        # model's tokens after they are made and some stops arrive after the last one (155 of 200 cancelled, 32 to
-        # length, measured on a loaded machine; how many depends on the load, so only "some" is asserted); none in
-        # an error.
-        assert ended["cancelled"] >= 1 and not ended.get("error"), ended
+    # Each one the engine took ended because of its stop: none at max_tokens, none in error.
+    assert {k for k, n in ended.items() if n} <= {"cancelled", "dropped before the engine"}, ended
 
     with LLMClient(server.urls.grpc) as client:  # later requests are unaffected
         assert [client.generate(p, SamplingParams(max_tokens=16)).text for p in relkit.PROMPTS] == reference
@@ -102,11 +93,7 @@ def test_how_each_client_frees_the_slot(server):
 
 def test_a_stop_that_overtakes_its_request_ends_it_on_arrival(server):
     """The SDK's ``stop`` goes straight to ``llm``; its request goes through preprocessing first and can arrive after
-    it (serving/early_stops.py). Here in that order on purpose. CPU layout only: the stand-in's wrapper ends a request
-    its early stop names through its usual stop, which can lose the race to the BLS request and is re-sent after
-    0.5 s (docs/gpu.md, documented difference), when the tiny model's 200 tokens may be done (a CI rehearsal saw it)."""
-    if server.layout != "cpu":
-        pytest.skip("the stand-in's stops can arrive after the tiny model's last token (docs/gpu.md)")
+    it (serving/early_stops.py). Here in that order on purpose."""
     request_id = f"overtaken-{uuid.uuid4().hex}"
     _, error = stream_request(server.urls.grpc, "llm", stop_inputs(), request_id=request_id)
     assert error is not None and "no running request" in str(error), error
