@@ -69,8 +69,8 @@ engine: $(ENGINE_DIR)/config.json
 repository: $(ENGINE_DIR)/config.json
 	$(PY) -m builders repository --profile $(PROFILE) --out $(REPOSITORY)
 
-# LAYOUT=trtllm-standin: the GPU layout (llm wrapper over tensorrt_llm) with the tensorrt_llm stand-in over the same
-# CPU engine (model_repository/README.md); same ports, drain and OpenAI front door.
+# LAYOUT=trtllm-standin: the GPU layout (the llm over TensorRT-LLM's executor API) with the stand-in executor over
+# the same CPU engine (model_repository/README.md); same ports, drain, liveness and OpenAI front door.
 LAYOUT ?= cpu
 serve: repository
 	$(if $(filter trtllm-standin,$(LAYOUT)),$(PY) -m builders.trtllm standin --profile $(PROFILE) --out $(REPOSITORY),\

@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cpu_engine import EngineLimits, FinishReason, GenerationRequest, QueueFullError, TokenEvent
@@ -97,8 +97,10 @@ class _Live:
     cancel_sent: bool = False
     # Its last event is out, so the llm may have sent its final response: is_cancelled() must not be called again
     # (after the final response it crashed tritonserver 2.51 in TRITONBACKEND_ResponseFactoryIsCancelled). Set and
-    # read under the engine's lock, which the cancellation watch holds while it calls is_cancelled().
+    # read under ``guard``, which the cancellation watch holds while it calls is_cancelled() (one request's lock: the
+    # watch's IPC round trips never hold up the other requests' responses).
     answered: bool = False
+    guard: threading.Lock = field(default_factory=threading.Lock)
 
 
 class ExecutorEngine:
@@ -272,7 +274,7 @@ class ExecutorEngine:
         if event.finish_reason is not None:
             seq.ended = True
             if all(s.ended for s in live.sequences):
-                with self._lock:  # before the event: the llm may send the final response as soon as it has it
+                with live.guard:  # before the event: the llm may send the final response as soon as it has it
                     live.answered = True
         self.on_event(event)
 
@@ -300,7 +302,7 @@ class ExecutorEngine:
             with self._lock:
                 live = list(self._live.items())
             for request_id, state in live:
-                with self._lock:  # never after its last event (_Live.answered)
+                with state.guard:  # never after its last event (_Live.answered)
                     if state.cancel_sent or state.answered:
                         continue
                     try:

@@ -5,7 +5,7 @@
     calibration     write the local calibration set (English text from the Python install)
     check-engine    is an engine servable here? (exit 1 with the reasons if not)
     serve           container entry point: check engines, then exec tritonserver
-    standin         render the GPU repository over a CPU engine (tensorrt_llm stand-in; make serve LAYOUT=…)
+    standin         render the GPU repository over a CPU engine (stand-in executor; make serve LAYOUT=…)
     variants        the variants this machine's GPU (or --gpu) supports, one per line
 """
 
@@ -92,7 +92,7 @@ def _standin(argv):
     p.add_argument("--token-source", choices=TOKEN_SOURCES, default="engine")
     a = p.parse_args(argv)
     out = render_layout("trtllm-standin", ServingProfile.from_yaml(a.profile), a.out, a.token_source)
-    print(f"GPU layout with the tensorrt_llm stand-in ({a.token_source} tokens) rendered to {out}")
+    print(f"GPU layout with the stand-in executor ({a.token_source} tokens) rendered to {out}")
     return 0
 
 

@@ -77,6 +77,9 @@ def test_the_check_never_fails_under_a_tenfold_overload(served):
         prober.join()
     assert run.of("rejected"), "the overload must have filled the queue (else this tests nothing)"
     failed = [body for status, body in results if status != 200]
+    seconds = sorted(body["seconds"] for _, body in results)
+    print(f"\n10x overload: {len(run.of('rejected'))} requests rejected, {len(run.of('ok'))} served; {len(results)} "
+          f"probes, {len(failed)} failed, probe seconds p50 {seconds[len(seconds) // 2]:.2f} max {seconds[-1]:.2f}")
     assert len(results) >= 10 and not failed, failed  # one a second, each taking up to its deadline
 
 
@@ -95,6 +98,7 @@ def test_a_stopped_llm_stub_fails_the_generating_check_while_triton_says_live(se
         # What Kubernetes probed until now: Triton's liveness and readiness say nothing is wrong.
         assert get(f"{served['http']}/v2/health/live")[0] == 200
         assert get(f"{served['http']}/v2/health/ready")[0] == 200
+        print(f"\nllm stopped: {status} after {took:.2f} s ({body['detail']}); /v2/health/live and /ready 200")
     finally:
         os.kill(stub.pid, signal.SIGCONT)
     # Then either the stub serves again and so does the check, or — Triton 2.51's python backend, seen here — the
@@ -105,10 +109,12 @@ def test_a_stopped_llm_stub_fails_the_generating_check_while_triton_says_live(se
         if served["proc"].poll() is not None:
             assert served["proc"].returncode != 0
             assert "tritonserver exited on its own" in served["log"].read_text(), "the launcher must say why"
+            print(f"after SIGCONT: tritonserver aborted, the launcher exited {served['proc'].returncode}")
             return
         result = get(served["health"])
         if result[0] == 200:
             assert result[1]["ok"] and result[1]["seconds"] < DEFAULT_DEADLINE_S
+            print(f"after SIGCONT: generating again ({result[1]['seconds']:.2f} s)")
             return
         assert time.monotonic() < deadline, result
         time.sleep(1)
