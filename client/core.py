@@ -32,7 +32,7 @@ class ServerUnavailableError(GenerationError):
         self.url = url
 
 
-GuideType = Literal["json", "json_schema", "regex", "ebnf_grammar"]
+GuideType = Literal["json", "json_schema", "regex", "ebnf_grammar", "structural_tag"]
 GUIDE_TYPES: tuple[str, ...] = GuideType.__args__
 
 
@@ -41,7 +41,8 @@ class Guide:
     """Structured output (TensorRT-LLM's guided decoding): the text must match ``guide`` of kind ``type``.
 
     ``json``: any JSON value (no guide text); ``json_schema``: a JSON Schema (a JSON string); ``regex``; ``ebnf_grammar``
-    (xgrammar's EBNF, rule ``root``). The server compiles it before generating and refuses a bad one (INVALID_ARG).
+    (xgrammar's EBNF, rule ``root``); ``structural_tag`` (xgrammar's structural tag JSON: free text with constrained
+    parts, e.g. tool calls). The server compiles it before generating and refuses a bad one (INVALID_ARG).
     """
 
     type: GuideType
@@ -58,6 +59,10 @@ class Guide:
     @classmethod
     def json_schema(cls, schema: Mapping | str) -> Guide:
         return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+    @classmethod
+    def structural_tag(cls, tag: Mapping | str) -> Guide:
+        return cls("structural_tag", tag if isinstance(tag, str) else json.dumps(tag))
 
 
 @dataclass

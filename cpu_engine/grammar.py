@@ -9,6 +9,9 @@ TensorRT-LLM's ``guided_decoding_guide_type`` / ``guided_decoding_guide`` with t
   output validates against.
 - ``regex``: the whole output matches the regular expression.
 - ``ebnf_grammar``: the whole output derives from the GBNF grammar's ``root`` rule.
+- ``structural_tag``: xgrammar's structural tag (``{"type": "structural_tag", "format": {...}}``, the string TensorRT-LLM's
+  ``GuideType.STRUCTURAL_TAG`` passes to xgrammar unchanged): free text with constrained parts, e.g. a tool call's JSON
+  after a ``<tool_call>`` trigger (serving/tools.py). Each JSON schema inside is checked as ``json_schema`` guides are.
 
 JSON comes out the way ``json.dumps`` writes it (``", "`` and ``": "``, no other whitespace): TensorRT-LLM lets any
 whitespace through, which lets a model loop on newlines forever. Schemas compile in xgrammar's ``strict_mode`` (as in
@@ -34,7 +37,7 @@ import torch
 import xgrammar as xgr
 from transformers import AutoTokenizer
 
-GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 CACHE_SIZE = 128  # compiled guides kept per model (each 14-550 KiB)
 # xgrammar's default without any_whitespace is already json.dumps's; written out so that what clients get cannot
 # move with a later default.
@@ -185,11 +188,31 @@ class Grammars:
                                                        strict_mode=True)
             elif guide_type == "regex":
                 grammar = compiler.compile_regex(guide)
+            elif guide_type == "structural_tag":
+                try:
+                    tag = json.loads(guide)
+                except json.JSONDecodeError as error:
+                    raise GuideError(f"structural_tag: not JSON: {error}") from None
+                for schema in _schemas_in(tag):
+                    check_schema(schema)
+                grammar = compiler.compile_structural_tag(tag)
             else:
                 grammar = compiler.compile_grammar(guide)
         except RuntimeError as error:  # xgrammar's compile errors, with a C++ source location in front
             raise GuideError(f"{guide_type}: {_strip_cxx(error)}") from None
         return CompiledGuide(grammar, guide_type, guide)
+
+
+def _schemas_in(node: object) -> Iterator[object]:
+    """Every ``{"type": "json_schema", "json_schema": ...}`` format's schema inside a structural tag."""
+    if isinstance(node, dict):
+        if node.get("type") == "json_schema" and "json_schema" in node:
+            yield node["json_schema"]
+        for value in node.values():
+            yield from _schemas_in(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _schemas_in(value)
 
 
 def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:

@@ -463,7 +463,8 @@ class Executor:
             self._grammars = Grammars(_STANDIN["tokenizer_dir"], self.vocab_size)
         kind = {GuidedDecodingParams.GuideType.JSON: "json", GuidedDecodingParams.GuideType.JSON_SCHEMA: "json_schema",
                 GuidedDecodingParams.GuideType.REGEX: "regex",
-                GuidedDecodingParams.GuideType.EBNF_GRAMMAR: "ebnf_grammar"}[params.guide_type]
+                GuidedDecodingParams.GuideType.EBNF_GRAMMAR: "ebnf_grammar",
+                GuidedDecodingParams.GuideType.STRUCTURAL_TAG: "structural_tag"}[params.guide_type]
         return self._grammars.compile(kind, params.guide or "")
 
     def _on_event(self, event: TokenEvent) -> None:

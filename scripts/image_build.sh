@@ -44,7 +44,8 @@ args=(build -f Dockerfile.cpu -t "$TAG" --network host
 
 if [ "$(basename "$ENGINE")" = podman ]; then
   # Debian's podman here: crun refuses hybrid cgroups, and without explicit ulimits setrlimit is refused.
-  args+=(--runtime "${OCI_RUNTIME:-runc}" --ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
+  # --format docker: the OCI image format has no HEALTHCHECK, so podman would drop the image's liveness check.
+  args+=(--format docker --runtime "${OCI_RUNTIME:-runc}" --ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
   pipdir=$(mktemp -d /tmp/triton-llm-pip.XXXXXX)
   trap 'rm -rf "$pipdir"' EXIT
   # The host's pip configuration as one [global] section; files it names are copied next to it, local directories

@@ -203,7 +203,7 @@ def check_liveness(image: str, results: dict) -> None:
     c = Container(image, "triton-llm-image-test-liveness")
     try:
         c.create_and_start()
-        c.wait_ready(f"{c.http}/v2/health/ready")
+        c.wait_ready(c.health)  # the launcher serves it once Triton is ready
         status, body = http_status(c.health, timeout=30)
         assert status == 200 and json.loads(body)["ok"], (status, body)
         assert sh("healthcheck", "run", c.name, check=False).returncode == 0, "the image's HEALTHCHECK failed"

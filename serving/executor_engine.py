@@ -42,7 +42,8 @@ from cpu_engine.stop_strings import StopStrings
 CANCEL_POLL_S = 0.02  # as the CPU engine: how stale a client's cancellation may be
 AWAIT_S = 0.1  # await_responses' timeout: how soon the response thread notices a shutdown
 PROBE_PRIORITY = 1.0  # the executor's highest; a liveness probe is scheduled before any waiting request
-_GUIDE_TYPES = {"json": "JSON", "json_schema": "JSON_SCHEMA", "regex": "REGEX", "ebnf_grammar": "EBNF_GRAMMAR"}
+_GUIDE_TYPES = {"json": "JSON", "json_schema": "JSON_SCHEMA", "regex": "REGEX", "ebnf_grammar": "EBNF_GRAMMAR",
+                "structural_tag": "STRUCTURAL_TAG"}
 
 
 def _flag(params: dict[str, str], key: str) -> bool | None:

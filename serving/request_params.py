@@ -65,7 +65,8 @@ def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
 
 
 # ---- issue 17's request controls: TensorRT-LLM's input names (min_p and top_logprobs are ours) -------------------
-GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")  # TensorRT-LLM's guided_decoding_guide_type values
+# TensorRT-LLM's guided_decoding_guide_type values (GuideType JSON, JSON_SCHEMA, REGEX, EBNF_GRAMMAR, STRUCTURAL_TAG)
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs limit
 MAX_SEQUENCES = 8
 
@@ -117,7 +118,7 @@ def resolve_controls(values: dict[str, object]) -> Controls:
         raise ValueError(f"guided_decoding_guide_type must be one of {', '.join(GUIDE_TYPES)}, got {kind!r}")
     if c.guided_decoding_guide and not kind:
         raise ValueError("guided_decoding_guide was sent without guided_decoding_guide_type")
-    if kind in ("json_schema", "regex", "ebnf_grammar") and not c.guided_decoding_guide.strip():
+    if kind in GUIDE_TYPES[1:] and not c.guided_decoding_guide.strip():
         raise ValueError(f"guided_decoding_guide_type {kind} needs the {kind} in guided_decoding_guide")
     if c.top_logprobs and not c.return_log_probs:  # asking for alternatives asks for log-probs
         c = Controls(**{**vars(c), "return_log_probs": True})

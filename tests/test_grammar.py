@@ -147,6 +147,24 @@ def test_apply_bitmask_matches_xgrammars_own_kernel(grammars):
         assert torch.equal(ours, theirs)
 
 
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+           "additionalProperties": False}
+TOOL_TAG = json.dumps({"type": "structural_tag", "format": {
+    "type": "triggered_tags", "triggers": ["<tool_call>"], "at_least_one": False, "stop_after_first": False,
+    "tags": [{"begin": '<tool_call>{"name": "get_weather", "arguments": ',
+              "content": {"type": "json_schema", "json_schema": WEATHER}, "end": "}</tool_call>"}]}})
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("It is sunny.", True),  # free text: no call
+    ('Let me look. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>', True),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": 3}}</tool_call>', False),  # arguments off the schema
+    ('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', False),  # no such tool
+])
+def test_structural_tag_guide_constrains_only_what_follows_its_trigger(grammars, tokenizer, text, ok):
+    assert accepts(grammars, tokenizer, "structural_tag", TOOL_TAG, text) is ok
+
+
 def test_the_same_guide_compiles_once(grammars):
     schema = json.dumps(BOUNDED)
     assert grammars.compile("json_schema", schema) is grammars.compile("json_schema", schema)
@@ -157,7 +175,15 @@ def test_the_same_guide_compiles_once(grammars):
 # ---- what is refused, in words ----
 
 @pytest.mark.parametrize("guide_type, guide, message", [
-    ("yaml", "a: 1", "guided_decoding_guide_type 'yaml' is not one of json, json_schema, regex, ebnf_grammar"),
+    ("yaml", "a: 1",
+     "guided_decoding_guide_type 'yaml' is not one of json, json_schema, regex, ebnf_grammar, structural_tag"),
+    ("structural_tag", "{not json", "structural_tag: not JSON"),
+    ("structural_tag", '{"structures": [], "triggers": []}', "structural_tag: "),  # the legacy format: no "format"
+    ("structural_tag", json.dumps({"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": ["<tool_call>"], "tags": [{
+            "begin": "<tool_call>", "end": "</tool_call>",
+            "content": {"type": "json_schema", "json_schema": {"type": "array", "uniqueItems": True}}}]}}),
+     "keyword 'uniqueItems' at the root is not supported"),
     ("regex", "  ", "regex: guided_decoding_guide is empty"),
     ("json_schema", "{not json", "json_schema: not JSON: Expecting property name enclosed in double quotes"),
     ("json_schema", '{"type": "object", "properties": {"a": {"type": 5}}}',
