@@ -44,6 +44,8 @@ CONTROL_TENSORS = (
 )
 ENSEMBLE_INPUTS = (
     _t("text_input", "STRING", optional=True), _t("messages", "STRING", optional=True),
+    # With messages: OpenAI's chat tools (a JSON array) and the chat template's own variables (a JSON object).
+    _t("tools", "STRING", optional=True), _t("chat_template_kwargs", "STRING", optional=True),
     _t("max_tokens", "INT32", optional=True),
     _t("bad_words", "STRING", (-1,), True), _t("stop_words", "STRING", (-1,), True),
     _t("end_id", "INT32", optional=True), _t("pad_id", "INT32", optional=True),

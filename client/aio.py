@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from types import TracebackType
+from typing import Any
 
 import grpc
 import tritonclient.grpc as grpcclient
@@ -92,40 +93,50 @@ class AsyncLLMClient:
         ``generate_n``)."""
         return (await self.generate_n(prompt, one_sequence(params, "generate_n")))[0]
 
-    async def generate_n(self, prompt: str, params: SamplingParams | None = None) -> list[Completion]:
+    async def generate_n(self, prompt: str, params: SamplingParams | None = None, *,
+                         request_id: str | None = None) -> list[Completion]:
         """``params.n`` sequences for one prompt, in index order; see ``LLMClient.generate_n``."""
         params = params or SamplingParams()
-        return await self._complete(build_inputs(prompt, params, stream=False), params)
+        return await self._complete(build_inputs(prompt, params, stream=False), params, request_id)
 
-    def stream(self, prompt: str, params: SamplingParams | None = None) -> AsyncTextStream:
+    def stream(self, prompt: str, params: SamplingParams | None = None, *,
+               request_id: str | None = None) -> AsyncTextStream:
         """Stream text deltas: ``async for delta in client.stream(...)``; see ``AsyncTextStream``."""
         params = params or SamplingParams()
-        return self._stream(build_inputs(prompt, params, stream=True), params)
+        return self._stream(build_inputs(prompt, params, stream=True), params, request_id)
 
     async def chat(self, messages: Sequence[Message], params: SamplingParams | None = None) -> Completion:
         """The assistant's next turn for a conversation, in one response; see ``LLMClient.chat``."""
         return (await self.chat_n(messages, one_sequence(params, "chat_n")))[0]
 
-    async def chat_n(self, messages: Sequence[Message], params: SamplingParams | None = None) -> list[Completion]:
+    async def chat_n(self, messages: Sequence[Message], params: SamplingParams | None = None, *,
+                     tools: Sequence[Mapping] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+                     request_id: str | None = None) -> list[Completion]:
         """``params.n`` alternative turns for one conversation, in index order."""
         params = params or SamplingParams()
-        return await self._complete(build_chat_inputs(messages, params, stream=False), params)
+        return await self._complete(build_chat_inputs(messages, params, False, tools, chat_template_kwargs), params,
+                                    request_id)
 
-    def stream_chat(self, messages: Sequence[Message], params: SamplingParams | None = None) -> AsyncTextStream:
+    def stream_chat(self, messages: Sequence[Message], params: SamplingParams | None = None, *,
+                    tools: Sequence[Mapping] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+                    request_id: str | None = None) -> AsyncTextStream:
         """``chat``, streamed: ``async for delta in client.stream_chat(...)``; see ``AsyncTextStream``."""
         params = params or SamplingParams()
-        return self._stream(build_chat_inputs(messages, params, stream=True), params)
+        return self._stream(build_chat_inputs(messages, params, True, tools, chat_template_kwargs), params,
+                            request_id)
 
-    async def _complete(self, inputs: list[grpcclient.InferInput], params: SamplingParams) -> list[Completion]:
-        collector = ResponseCollector(uuid.uuid4().hex, params)
+    async def _complete(self, inputs: list[grpcclient.InferInput], params: SamplingParams,
+                        request_id: str | None = None) -> list[Completion]:
+        collector = ResponseCollector(request_id or uuid.uuid4().hex, params)
         async for _ in self._run(inputs, collector):
             pass
         assert collector.completions is not None  # _run only ends normally after the final response
         return collector.completions
 
-    def _stream(self, inputs: list[grpcclient.InferInput], params: SamplingParams) -> AsyncTextStream:
+    def _stream(self, inputs: list[grpcclient.InferInput], params: SamplingParams,
+                request_id: str | None = None) -> AsyncTextStream:
         """Inputs are built by the caller, so bad params fail there, not at the first ``anext``."""
-        collector = ResponseCollector(uuid.uuid4().hex, params)
+        collector = ResponseCollector(request_id or uuid.uuid4().hex, params)
         return AsyncTextStream(self._run(inputs, collector), collector, params.sequences)
 
     async def health(self) -> Health:

@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import grpc
 import numpy as np
@@ -238,8 +238,9 @@ def _words_input(name: str, words: list[str]) -> grpcclient.InferInput:
     return _tensor(name, np.array([[w.encode("utf-8") for w in words]], dtype=object), "BYTES")
 
 
-#: One chat message as the OpenAI chat API has it: ``{"role": "system" | "user" | "assistant", "content": str}``.
-Message = Mapping[str, str]
+#: One chat message as the OpenAI chat API has it: ``{"role": "system" | "user" | "assistant" | "tool",
+#: "content": str}``, an assistant's ``tool_calls`` and a tool result's ``tool_call_id`` included.
+Message = Mapping[str, Any]
 
 
 def one_sequence(params: SamplingParams | None, plural: str) -> SamplingParams | None:
@@ -256,7 +257,7 @@ def messages_json(messages: Sequence[Message]) -> str:
     try:
         return json.dumps([dict(m) for m in messages], ensure_ascii=False)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"messages must be a list of {{role, content}} dicts of strings: {exc}") from None
+        raise ValueError(f"messages must be a list of {{role, content}} dicts: {exc}") from None
 
 
 def build_inputs(prompt: str, params: SamplingParams, stream: bool) -> list[grpcclient.InferInput]:
@@ -264,9 +265,17 @@ def build_inputs(prompt: str, params: SamplingParams, stream: bool) -> list[grpc
     return _request_inputs(_words_input("text_input", [prompt]), params, stream)
 
 
-def build_chat_inputs(messages: Sequence[Message], params: SamplingParams, stream: bool) -> list[grpcclient.InferInput]:
-    """The ensemble's input tensors for one chat: the server applies the model's chat template."""
-    return _request_inputs(_words_input("messages", [messages_json(messages)]), params, stream)
+def build_chat_inputs(messages: Sequence[Message], params: SamplingParams, stream: bool,
+                      tools: Sequence[Mapping] | None = None,
+                      chat_template_kwargs: Mapping[str, Any] | None = None) -> list[grpcclient.InferInput]:
+    """The ensemble's input tensors for one chat: the server applies the model's chat template, with OpenAI's chat
+    ``tools`` (``[{"type": "function", "function": {...}}]``) and the template's own variables when given."""
+    inputs = _request_inputs(_words_input("messages", [messages_json(messages)]), params, stream)
+    if tools:
+        inputs.append(_words_input("tools", [json.dumps(list(tools), ensure_ascii=False)]))
+    if chat_template_kwargs:
+        inputs.append(_words_input("chat_template_kwargs", [json.dumps(dict(chat_template_kwargs))]))
+    return inputs
 
 
 def _request_inputs(what: grpcclient.InferInput, params: SamplingParams, stream: bool) -> list[grpcclient.InferInput]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import queue
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
+from typing import Any
 
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
@@ -91,15 +92,17 @@ class LLMClient:
         ``generate_n``)."""
         return self.generate_n(prompt, one_sequence(params, "generate_n"))[0]
 
-    def generate_n(self, prompt: str, params: SamplingParams | None = None) -> list[Completion]:
+    def generate_n(self, prompt: str, params: SamplingParams | None = None, *,
+                   request_id: str | None = None) -> list[Completion]:
         """``params.n`` sequences for one prompt (the prompt is prefilled once), in index order."""
         params = params or SamplingParams()
-        return self._complete(build_inputs(prompt, params, stream=False), params)
+        return self._complete(build_inputs(prompt, params, stream=False), params, request_id)
 
-    def stream(self, prompt: str, params: SamplingParams | None = None) -> TextStream:
+    def stream(self, prompt: str, params: SamplingParams | None = None, *,
+               request_id: str | None = None) -> TextStream:
         """Stream text deltas as the server produces them; see ``TextStream``."""
         params = params or SamplingParams()
-        return self._stream(build_inputs(prompt, params, stream=True), params)
+        return self._stream(build_inputs(prompt, params, stream=True), params, request_id)
 
     def chat(self, messages: Sequence[Message], params: SamplingParams | None = None) -> Completion:
         """The assistant's next turn for a conversation (``[{"role": ..., "content": ...}, ...]``), in one
@@ -107,15 +110,21 @@ class LLMClient:
         (finish_reason ``stop``), which is not part of the text. One sequence (``n`` > 1: ``chat_n``)."""
         return self.chat_n(messages, one_sequence(params, "chat_n"))[0]
 
-    def chat_n(self, messages: Sequence[Message], params: SamplingParams | None = None) -> list[Completion]:
+    def chat_n(self, messages: Sequence[Message], params: SamplingParams | None = None, *,
+               tools: Sequence[Mapping] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+               request_id: str | None = None) -> list[Completion]:
         """``params.n`` alternative turns for one conversation, in index order."""
         params = params or SamplingParams()
-        return self._complete(build_chat_inputs(messages, params, stream=False), params)
+        return self._complete(build_chat_inputs(messages, params, False, tools, chat_template_kwargs), params,
+                              request_id)
 
-    def stream_chat(self, messages: Sequence[Message], params: SamplingParams | None = None) -> TextStream:
+    def stream_chat(self, messages: Sequence[Message], params: SamplingParams | None = None, *,
+                    tools: Sequence[Mapping] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+                    request_id: str | None = None) -> TextStream:
         """``chat``, streamed as text deltas; see ``TextStream``."""
         params = params or SamplingParams()
-        return self._stream(build_chat_inputs(messages, params, stream=True), params)
+        return self._stream(build_chat_inputs(messages, params, True, tools, chat_template_kwargs), params,
+                            request_id)
 
     def health(self) -> Health:
         try:
@@ -134,16 +143,18 @@ class LLMClient:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def _complete(self, inputs: list[grpcclient.InferInput], params: SamplingParams) -> list[Completion]:
-        collector = ResponseCollector(uuid.uuid4().hex, params)
+    def _complete(self, inputs: list[grpcclient.InferInput], params: SamplingParams,
+                        request_id: str | None = None) -> list[Completion]:
+        collector = ResponseCollector(request_id or uuid.uuid4().hex, params)
         for _ in self._run(inputs, collector):
             pass
         assert collector.completions is not None  # _run only ends normally after the final response
         return collector.completions
 
-    def _stream(self, inputs: list[grpcclient.InferInput], params: SamplingParams) -> TextStream:
+    def _stream(self, inputs: list[grpcclient.InferInput], params: SamplingParams,
+                request_id: str | None = None) -> TextStream:
         """Inputs are built by the caller, so bad params fail there, not at the first ``next``."""
-        collector = ResponseCollector(uuid.uuid4().hex, params)
+        collector = ResponseCollector(request_id or uuid.uuid4().hex, params)
         return TextStream(self._run(inputs, collector), collector, params.sequences)
 
     def _run(self, inputs: list[grpcclient.InferInput], collector: ResponseCollector) -> Iterator[Chunk]:

@@ -411,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
                            epilog="Arguments after '--' are passed to tritonserver unchanged.")
     serve.add_argument("--model-repository", type=Path, default=PROJECT_ROOT / "build" / "model_repository")
     for name, env in PORT_ENV.items():
-        default = {"openai_port": DEFAULT_OPENAI_PORT, "health_port": DEFAULT_HEALTH_PORT}.get(name, "the Triton default")
+        default = {"openai_port": DEFAULT_OPENAI_PORT, "health_port": DEFAULT_HEALTH_PORT}.get(
+            name, "the Triton default")
         serve.add_argument(f"--{name.replace('_', '-')}", type=int, help=f"default: ${env} or {default}")
     serve.add_argument("--health-deadline", type=float, default=DEFAULT_DEADLINE_S,
                        help=f"seconds the liveness check (GET {HEALTH_PATH} on the health port) waits for its token")

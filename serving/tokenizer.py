@@ -71,13 +71,14 @@ class Tokenizer:
         self._backend.encode_special_tokens = split_special_tokens
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
-        """The conversation rendered by the chat template, as ``apply_chat_template(tokenize=False)`` renders it.
-        A template's ``raise_exception`` raises ``jinja2.TemplateError``."""
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False,
+                            tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
+        """The conversation rendered by the chat template, as ``apply_chat_template(tokenize=False, tools=...,
+        **template_kwargs)`` renders it. A template's ``raise_exception`` raises ``jinja2.TemplateError``."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
         return _compile(self.chat_template).render(
-            messages=[dict(m) for m in messages], tools=None, documents=None,
+            **(template_kwargs or {}), messages=[dict(m) for m in messages], tools=tools, documents=None,
             add_generation_prompt=add_generation_prompt, **self.special_tokens_map)
 
 

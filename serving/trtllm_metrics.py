@@ -8,10 +8,10 @@ Names, label keys and label values are those of NVIDIA/TensorRT-LLM
 read from the same ``IterationStats`` field as the backend's ``WaitForStats`` reads it (``model_instance_state.cc``;
 two stored versions of the 1.x line read, identical here; the exact release/1.2.1 files could not be read):
 
-- ``nv_trt_llm_request_metrics``: ``active`` = num_active_requests (requests the executor has taken into its batch, at
-  most ``max`` = max_num_active_requests), ``scheduled`` / ``context`` from the in-flight batching stats, ``waiting`` =
-  active − scheduled (requests in a slot the capacity scheduler held back — never the backlog beyond the slots, which
-  is num_queued_requests and which the backend does not export);
+- ``nv_trt_llm_request_metrics``: ``active`` = num_active_requests (requests the executor has taken into its batch,
+  at most ``max`` = max_num_active_requests), ``scheduled`` / ``context`` from the in-flight batching stats,
+  ``waiting`` = active − scheduled (requests in a slot the capacity scheduler held back — never the backlog beyond the
+  slots, which is num_queued_requests and which the backend does not export);
 - ``nv_trt_llm_kv_cache_block_metrics``: ``max`` / ``free`` / ``used`` / ``tokens_per`` / ``reused`` blocks and
   ``fraction`` = used / max;
 - ``nv_trt_llm_inflight_batcher_metrics``: ``total_context_tokens``, ``generation_requests``, ``micro_batch_id``,

@@ -65,14 +65,24 @@ BAD_MESSAGES = [
     ("[{\"content\": \"hi\"}]", "messages[0] has no role"),
     ("[{\"role\": \"user\"}]", "messages[0] has no content"),
     ("[{\"role\": \"tool\", \"content\": \"42\"}]",
-     "messages[0].role is \"tool\": allowed roles are system, user, assistant"),
+     "messages[0] is a tool result without a tool_call_id"),
+    ("[{\"role\": \"tool\", \"content\": \"42\", \"tool_call_id\": \"c1\"}]",
+     "messages[0] answers tool_call_id \"c1\", but no earlier assistant message made a call with that id"),
+    ("[{\"role\": \"function\", \"content\": \"42\"}]",
+     "messages[0].role is \"function\": allowed roles are system, user, assistant, tool"),
+    ("[{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": []}]", "tool_calls must be a non-empty array"),
+    ("[{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"id\": \"c\", \"type\": \"function\", "
+     "\"function\": {\"name\": \"f\", \"arguments\": \"{nope\"}}]}]",
+     "messages[0].tool_calls[0].function.arguments are not valid JSON"),
+    ("[{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"id\": \"c\", \"type\": \"function\", "
+     "\"function\": {\"name\": \"no spaces\", \"arguments\": \"{}\"}}]}]", "function.name must be 1-64 letters"),
     ("[{\"role\": \"User\", \"content\": \"hi\"}]", "messages[0].role is \"User\""),
     ("[{\"role\": null, \"content\": \"hi\"}]", "messages[0].role is null"),
     ("[{\"role\": \"user\", \"content\": null}]", "messages[0].content must be a string, got a JSON null"),
     ("[{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"hi\"}]}]",
      "messages[0].content must be a string, got a JSON array"),
     ("[{\"role\": \"user\", \"content\": \"hi\", \"name\": \"bob\"}]",
-     "messages[0] has unknown key(s) 'name': only role and content are accepted"),
+     "messages[0] has unknown key(s) 'name': a user message takes content, role"),
 ]
 
 

@@ -6,8 +6,9 @@ import secrets
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from serving.chat import ChatEncoder, default_end_id, parse_messages
+from serving.chat import ChatEncoder, default_end_id, parse_messages, parse_template_kwargs, parse_tools
 from serving.drain import PREPROCESSING_GRACE_S, DrainGate
+from serving.health import is_probe
 from serving.request_params import (CONTROL_INPUTS, check_lengths, check_min_tokens, resolve_controls,
                                     resolve_sampling)
 from serving.stub_python import check_stub
@@ -66,10 +67,12 @@ class TritonPythonModel:
         self.gate = DrainGate()
 
     def execute(self, requests):
-        if self.gate.closed_for(PREPROCESSING_GRACE_S):  # the ensemble's entry: nothing new while draining
-            return [shutting_down_response() for _ in requests]
+        draining = self.gate.closed_for(PREPROCESSING_GRACE_S)  # the ensemble's entry: nothing new while draining
         responses = []
         for request in requests:
+            if draining and not is_probe(request.request_id()):  # a liveness probe answers while draining too
+                responses.append(shutting_down_response())
+                continue
             try:
                 responses.append(pb_utils.InferenceResponse(output_tensors=self._preprocess(request)))
             except (RequestError, ValueError) as exc:
@@ -86,8 +89,12 @@ class TritonPythonModel:
         if (prompt is None) == (messages is None):
             raise RequestError("send exactly one of text_input (a prompt) and messages (a chat as a JSON array "
                                "of {role, content}), " + ("not both" if prompt is not None else "got neither"))
+        tools, template_kwargs = _string(request, "tools"), _string(request, "chat_template_kwargs")
         if messages is not None:
-            return self.chat.encode(parse_messages(messages)), "conversation (after the chat template)"
+            return (self.chat.encode(parse_messages(messages), parse_tools(tools), parse_template_kwargs(template_kwargs)),
+                    "conversation (after the chat template)")
+        if tools is not None or template_kwargs is not None:
+            raise RequestError("tools and chat_template_kwargs go with messages (a chat), not with text_input")
         if not prompt:
             raise RequestError("text_input is empty: send a prompt of at least one character")
         # Text that looks like a control token ("</s>") is text: only the tokenizer's own BOS is special.
@@ -97,7 +104,9 @@ class TritonPythonModel:
         input_ids, what = self._input_ids(request)
         max_tokens = scalar(request, "max_tokens", int)
         if max_tokens is None:
-            raise RequestError("max_tokens is required")
+            raise RequestError("max_tokens is required (-1: up to the end of the model's context)")
+        if max_tokens == -1:  # as vLLM without max_tokens: the rest of the context
+            max_tokens = max(self.max_seq_len - len(input_ids), 1)
         check_lengths(len(input_ids), max_tokens, self.max_input_len, self.max_seq_len, what)
         min_tokens = scalar(request, "min_tokens", int) or 0
         check_min_tokens(min_tokens, max_tokens)
