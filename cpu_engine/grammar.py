@@ -194,7 +194,10 @@ class Grammars:
                 except json.JSONDecodeError as error:
                     raise GuideError(f"structural_tag: not JSON: {error}") from None
                 for schema in _schemas_in(tag):
-                    check_schema(schema)
+                    try:
+                        check_schema(schema)
+                    except GuideError as error:
+                        raise GuideError(f"structural_tag: {str(error).removeprefix('json_schema: ')}") from None
                 grammar = compiler.compile_structural_tag(tag)
             else:
                 grammar = compiler.compile_grammar(guide)

@@ -65,11 +65,9 @@ def call_text(name: str, arguments: str) -> str:
 def tools_text(specs: list[dict]) -> str:
     """The tools and the call format, for a system message (templates without a tool format of their own)."""
     listed = "\n".join(json.dumps({"type": "function", "function": spec}, ensure_ascii=False) for spec in specs)
-    return ("You can call functions (tools) to help with the request. They are listed here, one JSON object per "
-            f"line:\n{listed}\n\nTo call one, write {CALL_BEGIN} then a JSON object with the function's name and its "
-            f"arguments, then {CALL_END}, like this:\n"
-            f'{CALL_BEGIN}{{"name": "function_name", "arguments": {{"argument": "value"}}}}{CALL_END}\n'
-            f"A function's result comes back as {RESULT_BEGIN}...{RESULT_END}.")
+    return (f"You may call these functions:\n{listed}\nTo call one, write "
+            f'{CALL_BEGIN}{{"name": "function_name", "arguments": {{...}}}}{CALL_END}; '
+            f"its result comes back as {RESULT_BEGIN}...{RESULT_END}.")
 
 
 def native(template: str | None) -> bool:
@@ -122,8 +120,10 @@ def tool_guide(specs: list[dict], choice: str | dict, parallel: bool) -> dict | 
     call after a ``<tool_call>``; ``required``: one call or more, no text before; a named function: exactly that
     call. ``parallel``: more calls may follow the first (OpenAI's ``parallel_tool_calls``)."""
     def tag(spec: dict) -> dict:
-        return {"type": "tag", "begin": call_begin(spec["name"]),
-                "content": {"type": "json_schema", "json_schema": spec["parameters"]}, "end": "}" + CALL_END}
+        # At most one whitespace character between JSON tokens: a model cannot loop on newlines inside a call (the
+        # guide's own JSON format has no separators option; json.dumps's and compact JSON both fit).
+        return {"type": "tag", "begin": call_begin(spec["name"]), "end": "}" + CALL_END,
+                "content": {"type": "json_schema", "json_schema": spec["parameters"], "max_whitespace_cnt": 1}}
 
     if choice == "none":
         return None

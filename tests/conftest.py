@@ -89,7 +89,7 @@ def long_engine_dir(tiny_checkpoint, tmp_path_factory) -> Path:
     from tests.reliability.relkit import build_engine
 
     return build_engine(tiny_checkpoint, tmp_path_factory.mktemp("engines") / "tiny-fp32-long",
-                        max_seq_len=LONG_SEQ_LEN)
+                        max_seq_len=LONG_SEQ_LEN, max_input_len=LONG_SEQ_LEN - 256)
 
 
 @pytest.fixture(scope="session")

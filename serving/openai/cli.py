@@ -19,6 +19,8 @@ import uvicorn
 
 from serving.openai.server import FrontDoor, create_app
 
+CORS_ENV = "LLM_CORS_ORIGINS"
+
 API_KEY_ENV = "LLM_API_KEY"
 
 
@@ -65,7 +67,9 @@ async def _announce(server: _Server, front: FrontDoor, host: str, port: int) -> 
 async def serve(args: argparse.Namespace) -> int:
     front = FrontDoor(args.triton, served_model_name=args.served_model_name, api_keys=api_keys_from_env(),
                       drain_timeout_s=args.drain_timeout)
-    config = uvicorn.Config(create_app(front), host=args.host, port=args.port, log_level=args.log_level,
+    cors = [o.strip() for o in (args.cors_origins or "").split(",") if o.strip()]
+    config = uvicorn.Config(create_app(front, cors_origins=cors), host=args.host, port=args.port,
+                            log_level=args.log_level,
                             access_log=False, lifespan="on", timeout_graceful_shutdown=3, timeout_keep_alive=5)
     server = _Server(config, front)
     announce = asyncio.ensure_future(_announce(server, front, args.host, args.port))
@@ -88,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to let open requests finish after SIGTERM/SIGINT")
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--cors-origins", default=os.environ.get(CORS_ENV, ""),
+                        help=f"comma-separated origins browsers may call from ('*': any; default ${CORS_ENV}, empty: "
+                             "CORS off); preflights are answered before the API-key check")
     args = parser.parse_args(argv)
     return asyncio.run(serve(args))
 

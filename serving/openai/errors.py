@@ -64,7 +64,9 @@ _UNION_TAGS = {"str", "int", "float", "bool", "list[str]", "list[TextPart]"}
 def _param_path(loc: tuple) -> str:
     path = ""
     for part in loc:
-        if part in _UNION_TAGS:
+        # Union members and validators pydantic names in the location: not a parameter.
+        if part in _UNION_TAGS or isinstance(part, str) and (part.startswith(("list[", "literal[", "function-"))
+                                                               or part[:1].isupper()):
             continue
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path
@@ -125,9 +127,11 @@ _ENGINE_FAILURES = ("the engine failed while generating this request", "Executor
 # guide it cannot compile, and the GPU layout's of what TensorRT-LLM lacks (top_logprobs), name their input.
 _REQUEST_ERROR_MARKS = ("messages", "conversation", "text_input", "max_tokens", "min_tokens", "temperature", "top_p",
                         "top_k", "seed", "stop", "must be", "is not valid", "penalty", "min_p", "top_logprobs",
-                        "return_log_probs", "num_return_sequences", "guided_decoding", "schema", "regex", "grammar")
+                        "return_log_probs", "num_return_sequences", "guided_decoding", "schema", "regex", "grammar",
+                        "structural_tag", "tools", "tool_call")
 # The contract's input names in those messages → the OpenAI parameter the client sent.
-_PARAMS = (("guided_decoding", "response_format"), ("schema", "response_format"), ("top_logprobs", "top_logprobs"),
+_PARAMS = (("structural_tag", "tools"), ("tool_call", "messages"), ("tools", "tools"),
+           ("guided_decoding", "response_format"), ("schema", "response_format"), ("top_logprobs", "top_logprobs"),
            ("min_p", "min_p"), ("num_return_sequences", "n"), ("repetition_penalty", "repetition_penalty"),
            ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty"))
 

@@ -1,10 +1,14 @@
 """OpenAI's request and response schema for the routes served here, as strict pydantic models.
 
-Requests are ``extra="forbid"`` and ``strict``: an unknown field or a value of the wrong type is a 400 naming it,
-never silently dropped or coerced. Parameters OpenAI has but the engine cannot honour are declared so they can be
-refused by name; only their "off" value (``logit_bias: {}``, ``tool_choice: "none"``…) is accepted, since that asks
-for nothing. ``repetition_penalty`` and ``min_p`` are accepted as extra body parameters, as vLLM does. Responses carry
-every field the official SDK reads.
+Every field OpenAI's own API takes for a route is accepted (docs/openai.md lists what each does here): most are
+honoured; those that change nothing about the output (``user``, ``metadata``, ``service_tier``, prompt-cache keys,
+``prediction``, ``reasoning_effort`` for a model that does not reason…) are accepted and ignored; the few that ask for
+something this server cannot give (audio output, web search, stored completions, the deprecated ``functions``) are
+refused by name unless they ask for nothing. vLLM's extra body parameters (``top_k``, ``min_tokens``,
+``repetition_penalty``, ``min_p``, ``chat_template_kwargs``, ``stream_options.continuous_usage_stats``) are accepted
+too. A field no one defines is a 400 naming it, as OpenAI answers (``extra="forbid"``), and values are ``strict``:
+never silently coerced. In messages, the fields clients echo back from earlier answers (``refusal``,
+``reasoning_content``…) are accepted and dropped. Responses carry every field the official SDK reads.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from serving.openai.errors import bad_request
+from serving.tools import ToolError, functions, tool_guide
 
 # A seed is an int64 in OpenAI's schema; the engine's is a uint64 (negative seeds wrap, two's complement).
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -28,11 +33,12 @@ VERY_UNLIKELY = -9999.0  # OpenAI's log-prob for a token that could not be picke
 # Parameters the engine cannot honour, with the only values that ask for nothing (accepted: ignoring them ignores no
 # request). Anything else is refused with a 400 naming the parameter.
 _CHAT_OFF: dict[str, tuple] = {
-    "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None,), "functions": (None, []),
-    "function_call": (None, "none"), "store": (None, False), "metadata": (None, {}), "service_tier": (None, "auto"),
-    "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
-    "web_search_options": (None,), "verbosity": (None,), "prompt_cache_key": (None,), "safety_identifier": (None,),
+    "logit_bias": (None, {}), "functions": (None, []), "function_call": (None, "none"), "store": (None, False),
+    "modalities": (None, ["text"]), "audio": (None,), "web_search_options": (None,), "moderation": (None,),
 }
+# OpenAI's parameters that ask nothing of the output: accepted, dropped (docs/openai.md).
+_CHAT_IGNORED = ("metadata", "service_tier", "prediction", "reasoning_effort", "verbosity", "prompt_cache_key",
+                 "prompt_cache_retention", "prompt_cache_options", "safety_identifier")
 _COMPLETION_OFF: dict[str, tuple] = {
     "logit_bias": (None, {}), "best_of": (None, 1), "echo": (None, False), "suffix": (None,),
 }
@@ -48,13 +54,14 @@ def _is_off(value, allowed: tuple) -> bool:
     return False
 
 
-def _refuse_unsupported(values: dict, off: dict[str, tuple]) -> dict:
-    """Refuse what asks the engine for something it cannot do; drop what asks for nothing (its "off" value)."""
+def _refuse_unsupported(values: dict, off: dict[str, tuple], ignored: tuple[str, ...] = ()) -> dict:
+    """Refuse what asks the engine for something it cannot do; drop what asks for nothing (its "off" value) and what
+    does not touch the output."""
     for name, allowed in off.items():
         if name in values and not _is_off(values[name], allowed):
             raise bad_request(f"'{name}' is not supported by this server: the engine cannot honour it "
                               "(docs/openai.md lists the parameters it can)", param=name, code="unsupported_parameter")
-    return {key: value for key, value in values.items() if key not in off}
+    return {key: value for key, value in values.items() if key not in off and key not in ignored}
 
 
 class _Request(BaseModel):
@@ -63,6 +70,8 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM's: usage so far on every chunk
+    include_obfuscation: bool | None = None  # OpenAI's padding against length side channels: nothing to hide here
 
 
 class _Sampling(_Request):
@@ -80,16 +89,20 @@ class _Sampling(_Request):
     # OpenAI's range; they map onto TensorRT-LLM's same-named penalties (docs/openai.md: what differs).
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
-    # Extra body parameters (vLLM's): TensorRT-LLM's repetition penalty (> 0, 1 is off) and min_p.
+    # Extra body parameters (vLLM's): TensorRT-LLM's repetition penalty (> 0, 1 is off), min_p, top_k (0: no cut)
+    # and min_tokens.
     repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
     min_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_tokens: int | None = Field(None, ge=0)
     user: str | None = None  # accepted and ignored: it identifies the end user to OpenAI, asks nothing of the engine
     refused: ClassVar[dict[str, tuple]] = {}  # per endpoint: what the engine cannot honour, and its "off" values
+    ignored: ClassVar[tuple[str, ...]] = ()  # per endpoint: what is accepted and changes nothing
 
     @model_validator(mode="before")
     @classmethod
     def _unsupported(cls, values):
-        return _refuse_unsupported(values, cls.refused) if isinstance(values, dict) else values
+        return _refuse_unsupported(values, cls.refused, cls.ignored) if isinstance(values, dict) else values
 
     @field_validator("stop")
     @classmethod
@@ -123,6 +136,10 @@ class _Sampling(_Request):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
     @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.continuous_usage_stats)
+
+    @property
     def choices(self) -> int:
         return 1 if self.n is None else self.n
 
@@ -130,17 +147,111 @@ class _Sampling(_Request):
 class TextPart(_Request):
     type: Literal["text"]
     text: str
+    prompt_cache_breakpoint: dict | None = None  # OpenAI's prompt caching hint: nothing to do here
+
+
+class RefusalPart(_Request):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class _Echo(BaseModel):
+    """A part of a message that clients send back as they got it: fields beyond the ones read are dropped."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class CallFunction(_Echo):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Echo):
+    id: str
+    type: Literal["function"] = "function"
+    function: CallFunction
 
 
 class ChatMessage(_Request):
     # "developer" is OpenAI's newer name for the system role (its SDK sends it for some models): same meaning.
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart | RefusalPart] | None = None
+    name: str | None = None  # a participant's name: accepted, not rendered (no template here uses it)
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # the call a tool result answers
+    # Echoed from earlier answers and dropped: the assistant's refusal, reasoning (DeepSeek's / vLLM's names), audio.
+    refusal: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    audio: dict | None = None
+    function_call: None = None  # the deprecated function calling: use tools (refused when set)
 
-    def plain(self) -> dict[str, str]:
-        """The ensemble's {role, content}; text parts are joined as OpenAI joins them (no separator)."""
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+    @model_validator(mode="after")
+    def _role_fields(self):
+        role = self.role
+        if role != "assistant" and self.tool_calls is not None:
+            raise ValueError(f"a {role} message has no tool_calls: only assistant messages make calls")
+        if role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id: the id of the call it answers")
+        if role != "tool" and self.tool_call_id is not None:
+            raise ValueError(f"a {role} message has no tool_call_id: only tool messages answer calls")
+        if self.content is None and not (role == "assistant" and (self.tool_calls or self.refusal is not None)):
+            raise ValueError(f"a {role} message needs content")
+        if role != "assistant" and isinstance(self.content, list) and any(isinstance(p, RefusalPart)
+                                                                             for p in self.content):
+            raise ValueError("refusal parts belong to assistant messages")
+        return self
+
+    def plain(self) -> dict:
+        """The ensemble's message: role, content as one string (text parts joined as OpenAI joins them, no
+        separator), and an assistant's calls or a tool result's call id."""
+        if isinstance(self.content, list):
+            content = "".join(p.text for p in self.content if isinstance(p, TextPart))
+        else:
+            content = self.content or ""
+        message: dict = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.tool_calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                                     for c in self.tool_calls]
+        if self.role == "tool":
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionDefinition(_Request):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None  # accepted either way: the arguments are always held to the schema
+
+
+class ToolDefinition(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    def openai(self) -> dict:
+        """The tool as the ensemble's ``tools`` input takes it (serving/tools.py checks it again)."""
+        return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class AllowedTools(_Request):
+    mode: Literal["auto", "required"]
+    tools: list[NamedToolChoice]
+
+
+class AllowedToolsChoice(_Request):
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
 
 
 class JSONSchemaFormat(_Request):
@@ -165,11 +276,69 @@ class ResponseFormat(_Request):
 
 class ChatCompletionRequest(_Sampling):
     refused: ClassVar[dict[str, tuple]] = _CHAT_OFF
+    ignored: ClassVar[tuple[str, ...]] = _CHAT_IGNORED
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict | None = None  # vLLM's: the chat template's own variables (e.g. enable_thinking)
+
+    @model_validator(mode="after")
+    def _tool_results_answer_calls(self):
+        made: set[str] = set()
+        for i, message in enumerate(self.messages):
+            made |= {call.id for call in message.tool_calls or ()}
+            if message.role == "tool" and message.tool_call_id not in made:
+                raise bad_request(f"messages[{i}] answers tool_call_id {message.tool_call_id!r}, but no earlier "
+                                  "assistant message made a call with that id", param=f"messages[{i}].tool_call_id",
+                                  code="invalid_value")
+        return self
+
+    @model_validator(mode="after")
+    def _tools(self):
+        if self.tools:
+            try:
+                specs = functions([t.openai() for t in self.tools])
+                tool_guide(specs, self.tool_mode, True)
+            except ToolError as exc:  # the message starts with what it is about: tools[i]... or tool_choice
+                where = str(exc).split(" ", 1)[0]
+                raise bad_request(str(exc), param=where if where.startswith("tools[") else "tool_choice",
+                                  code="invalid_value") from None
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise bad_request("'tool_choice' needs 'tools': there is no tool to call", param="tool_choice")
+        if self.tools and self.tool_mode != "none":
+            if self.response_format is not None and self.response_format.type != "text":
+                raise bad_request("'response_format' cannot be combined with tools the model may call: a call's "
+                                  "arguments follow the tool's parameters", param="response_format")
+            if self.logprobs:
+                raise bad_request("'logprobs' cannot be combined with tools the model may call",
+                                  param="logprobs")
+        return self
+
+    @property
+    def tool_mode(self) -> str | dict:
+        """What the model may do with the tools: none, auto, required, or a named function (OpenAI's default:
+        auto with tools, none without)."""
+        choice = self.tool_choice
+        if isinstance(choice, AllowedToolsChoice):
+            return choice.allowed_tools.mode
+        if isinstance(choice, NamedToolChoice):
+            return {"type": "function", "function": {"name": choice.function.name}}
+        return choice or ("auto" if self.tools else "none")
+
+    @property
+    def offered_tools(self) -> list[dict]:
+        """The tools the model is told of: those allowed_tools lists, else all; none for tool_choice none."""
+        if not self.tools or self.tool_mode == "none":
+            return []
+        if isinstance(self.tool_choice, AllowedToolsChoice):
+            allowed = {t.function.name for t in self.tool_choice.allowed_tools.tools}
+            return [t.openai() for t in self.tools if t.function.name in allowed]
+        return [t.openai() for t in self.tools]
 
     @model_validator(mode="after")
     def _max_tokens(self):
@@ -224,7 +393,7 @@ class CompletionRequest(_Sampling):
 
 # ------------------------------------------------------------------------------------------------- responses
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 def json_logprob(logprob: float) -> float:
@@ -246,10 +415,29 @@ class Usage(_Response):
                    total_tokens=prompt_tokens + completion_tokens)
 
 
+class FunctionCall(_Response):
+    name: str
+    arguments: str  # the arguments' JSON text, as the model wrote it
+
+
+class ToolCallOut(_Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(_Response):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     refusal: None = None
+    tool_calls: list[ToolCallOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_calls(self, handler):
+        data = handler(self)
+        if data.get("tool_calls") is None:
+            data.pop("tool_calls", None)  # OpenAI's message has no tool_calls key when there are none
+        return data
 
 
 class TopLogprob(_Response):
@@ -294,9 +482,29 @@ class ChatCompletion(_Response):
     system_fingerprint: None = None
 
 
+class DeltaFunction(_Response):
+    name: str | None = None
+    arguments: str = ""
+
+
+class DeltaToolCall(_Response):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler):
+        # The first delta of a call has id, type and name; the next ones only index and an arguments piece.
+        data = handler(self)
+        data["function"] = {k: v for k, v in data["function"].items() if v is not None}
+        return {key: value for key, value in data.items() if value is not None}
+
+
 class Delta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _without_nulls(self, handler):

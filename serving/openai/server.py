@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 import json
 import time
 import uuid
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -29,15 +31,21 @@ from serving.openai.errors import OpenAIError, bad_request, context_length_excee
 from serving.openai.metrics import FrontDoorMetrics
 from serving.openai.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
                                      ChatCompletionChunk, ChatCompletionRequest, ChoiceLogprobs, CompletionChoice,
-                                     CompletionLogprobs, CompletionRequest, Delta, ModelCard, ModelList,
-                                     TextCompletion, Usage, json_logprob)
+                                     CompletionLogprobs, CompletionRequest, Delta, DeltaFunction, DeltaToolCall,
+                                     FunctionCall, ModelCard, ModelList, TextCompletion, ToolCallOut, Usage,
+                                     json_logprob)
 from serving.openai.streaming import ChoiceText, ClientGone, Generation, Tasks, unless_disconnected
+from serving.openai.tool_parser import CallDelta, ToolCallParser
+from serving.tools import ToolError, functions, tool_guide
 
 OPEN_PATHS = frozenset({"/health", "/health/live"})  # no API key: probes
 UNCOUNTED_PATHS = OPEN_PATHS | {"/metrics"}  # still answered while draining, not waited for
 ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/health/live", "/metrics"})
 MAX_BODY_BYTES = 8 * 2**20
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+REQUEST_ID_HEADER = "x-request-id"
+# A client's request id is echoed and becomes the Triton request id (logs, `stop`, traces line up): printable ASCII.
+_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
 class FrontDoor:
@@ -110,19 +118,32 @@ class FrontDoorMiddleware:
         route = path if path in ROUTES else ("/v1/models/{model}" if path.startswith("/v1/models/") else "other")
         front, metrics, start = self.front, self.front.metrics, time.perf_counter()
         status, sse, first_body = 0, False, None
+        headers = dict(scope["headers"])
+        # The client's X-Request-Id, else a new one: echoed on every answer, and the Triton request id.
+        request_id = headers.get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1") or uuid.uuid4().hex
+        bad_id = not _REQUEST_ID.match(request_id)
+        if bad_id:
+            request_id = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
 
         async def send_observed(message):
             nonlocal status, sse, first_body
             if message["type"] == "http.response.start":
                 status = message["status"]
                 sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in message["headers"])
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (REQUEST_ID_HEADER.encode(), request_id.encode("latin-1"))]}
             elif message["type"] == "http.response.body" and first_body is None and message.get("body"):
                 first_body = time.perf_counter()
             await send(message)
 
         counted = path not in UNCOUNTED_PATHS
         try:
-            if path not in OPEN_PATHS and not front.authorized(dict(scope["headers"]).get(b"authorization")):
+            if bad_id:
+                error = bad_request("X-Request-Id must be 1-128 printable ASCII characters without spaces",
+                                    param="X-Request-Id", code="invalid_request_id")
+                return await error.response()(scope, receive, send_observed)
+            if path not in OPEN_PATHS and not front.authorized(headers.get(b"authorization")):
                 error = OpenAIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                                     code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 return await error.response()(scope, receive, send_observed)
@@ -161,6 +182,11 @@ async def _parse(request: Request, model: type[BaseModel]):
         raise from_validation(exc) from None
 
 
+# max_tokens when a chat request sends none: the rest of the context (preprocessing's -1), as vLLM, so a long answer or
+# a tool call's JSON is never cut at an arbitrary length.
+CONTEXT_END = -1
+
+
 def _sampling(req: ChatCompletionRequest | CompletionRequest, info: ModelInfo,
               default_max_tokens: int) -> SamplingParams:
     if req.model != info.id:
@@ -179,15 +205,23 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest, info: ModelInfo,
     if req.choices > 1 and temperature is None and req.top_p is None:
         temperature = 1.0  # n choices ask for different answers: OpenAI's default temperature, not greedy n times
     return SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=req.top_p, seed=seed, stop=req.stop_words,
-        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-        repetition_penalty=req.repetition_penalty, min_p=req.min_p, n=None if req.choices == 1 else req.choices,
-        logprobs=None if alternatives is None else True, top_logprobs=alternatives or None,
-        guide=_guide(req))
+        max_tokens=max_tokens, temperature=temperature, top_p=req.top_p, top_k=req.top_k, seed=seed,
+        stop=req.stop_words, min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty, min_p=req.min_p,
+        n=None if req.choices == 1 else req.choices, logprobs=None if alternatives is None else True,
+        top_logprobs=alternatives or None, guide=_guide(req))
 
 
 def _guide(req: ChatCompletionRequest | CompletionRequest) -> Guide | None:
-    """response_format (chat only, as OpenAI has it) as TensorRT-LLM's guided decoding."""
+    """The tool guide when the model may call tools (serving/tools.py), else response_format (chat only, as OpenAI
+    has it), as TensorRT-LLM's guided decoding."""
+    tools = getattr(req, "offered_tools", None)
+    if tools:
+        try:
+            guide = tool_guide(functions(tools), req.tool_mode, req.parallel_tool_calls is not False)
+        except ToolError as exc:
+            raise bad_request(str(exc), param="tool_choice" if "tool_choice" in str(exc) else "tools") from None
+        return Guide.structural_tag(guide)
     response_format = getattr(req, "response_format", None)
     if response_format is None or response_format.type == "text":
         return None
@@ -196,7 +230,9 @@ def _guide(req: ChatCompletionRequest | CompletionRequest) -> Guide | None:
     return Guide.json_schema(response_format.json_schema.schema_)
 
 
-def _finish_reason(engine_reason: str, stopped: bool) -> str:
+def _finish_reason(engine_reason: str, stopped: bool, called: bool = False) -> str:
+    if called and engine_reason == "stop":
+        return "tool_calls"
     if stopped:
         return "stop"
     if engine_reason in ("stop", "length"):
@@ -259,7 +295,7 @@ CHAT, COMPLETIONS = _Kind(True), _Kind(False)
 
 # ------------------------------------------------------------------------------------------------------- the app
 
-def create_app(front: FrontDoor) -> FastAPI:
+def create_app(front: FrontDoor, cors_origins: Sequence[str] = ()) -> FastAPI:
     async def lifespan(_app):
         await front.start()
         yield
@@ -326,7 +362,7 @@ def create_app(front: FrontDoor) -> FastAPI:
     async def chat_completions(request: Request):
         req = await _parse(request, ChatCompletionRequest)
         info = front.info()
-        params = _sampling(req, info, info.chat_default_max_tokens)
+        params = _sampling(req, info, CONTEXT_END)
         messages = [m.plain() for m in req.messages]
         return await _generate(request, CHAT, req, info, params, messages)
 
@@ -337,12 +373,25 @@ def create_app(front: FrontDoor) -> FastAPI:
         params = _sampling(req, info, COMPLETIONS_DEFAULT_MAX_TOKENS)
         return await _generate(request, COMPLETIONS, req, info, params, req.text)
 
+    def _calls(req) -> frozenset[str] | None:
+        """The names of the tools the model may call (their calls are parsed out of its text), or None."""
+        tools = getattr(req, "offered_tools", None)
+        return frozenset(t["function"]["name"] for t in tools) if tools else None
+
+    def _work(request: Request, kind: _Kind, req, prompt, params: SamplingParams, stream: bool):
+        """The Triton request (a coroutine, or a stream), under the client's request id."""
+        client, triton_id = front.backend.client, request.scope["state"]["request_id"]
+        if kind.chat:
+            options = {"tools": req.offered_tools or None, "chat_template_kwargs": req.chat_template_kwargs,
+                       "request_id": triton_id}
+            return (client.stream_chat if stream else client.chat_n)(prompt, params, **options)
+        return (client.stream if stream else client.generate_n)(prompt, params, request_id=triton_id)
+
     async def _generate(request: Request, kind: _Kind, req, info: ModelInfo, params: SamplingParams, prompt):
-        client = front.backend.client
         request_id = kind.id_prefix + uuid.uuid4().hex
         created = int(time.time())
         if not req.stream:
-            work = front.tasks.start(client.chat_n(prompt, params) if kind.chat else client.generate_n(prompt, params))
+            work = front.tasks.start(_work(request, kind, req, prompt, params, False))
             try:
                 completions = await unless_disconnected(work, request.receive)
             except ClientGone:
@@ -356,19 +405,21 @@ def create_app(front: FrontDoor) -> FastAPI:
                 choice = ChoiceText(params.stop)  # the same cut as a stream's, so both give the same choice
                 text, tokens = choice.feed(completion.text, completion.logprobs or ())
                 tail, more = choice.finish()
-                reason = _finish_reason(completion.finish_reason, choice.stopped)
                 logprobs = kind.logprobs(tokens + more, params.wants_logprobs)
                 if kind.chat:
-                    choices.append(ChatChoice(index=completion.index, message=AssistantMessage(content=text + tail),
-                                              logprobs=logprobs, finish_reason=reason))
+                    message, called = _message(text + tail, _calls(req))
+                    reason = _finish_reason(completion.finish_reason, choice.stopped, called)
+                    choices.append(ChatChoice(index=completion.index, message=message, logprobs=logprobs,
+                                              finish_reason=reason))
                 else:
                     choices.append(CompletionChoice(index=completion.index, text=text + tail, logprobs=logprobs,
-                                                    finish_reason=reason))
+                                                    finish_reason=_finish_reason(completion.finish_reason,
+                                                                                 choice.stopped)))
             body = (ChatCompletion if kind.chat else TextCompletion)(id=request_id, created=created, model=info.id,
                                                                      usage=usage, choices=choices)
             return Response(body.model_dump_json(), media_type="application/json")
 
-        stream = client.stream_chat(prompt, params) if kind.chat else client.stream(prompt, params)
+        stream = _work(request, kind, req, prompt, params, True)
         generation = Generation(stream, front.tasks)
         first = asyncio.ensure_future(generation.next())
         try:
@@ -384,11 +435,14 @@ def create_app(front: FrontDoor) -> FastAPI:
 
     def _chunk(kind: _Kind, request_id: str, created: int, info: ModelInfo, index: int = 0, text: str | None = None,
                role: bool = False, finish: str | None = None, logprobs=None, usage: Usage | None = None,
-               no_choice: bool = False):
+               no_choice: bool = False, calls: list[CallDelta] | None = None):
         if kind.chat:
+            tool_calls = [DeltaToolCall(index=d.index, id=d.id, type="function" if d.id else None,
+                                        function=DeltaFunction(name=d.name, arguments=d.arguments))
+                          for d in calls] if calls else None
             choices = [] if no_choice else [ChatChunkChoice(
-                index=index, delta=Delta(role="assistant" if role else None, content=text), logprobs=logprobs,
-                finish_reason=finish)]
+                index=index, delta=Delta(role="assistant" if role else None, content=text, tool_calls=tool_calls),
+                logprobs=logprobs, finish_reason=finish)]
             return ChatCompletionChunk(id=request_id, created=created, model=info.id, choices=choices, usage=usage)
         choices = [] if no_choice else [CompletionChoice(index=index, text=text or "", logprobs=logprobs,
                                                          finish_reason=finish)]
@@ -400,19 +454,31 @@ def create_app(front: FrontDoor) -> FastAPI:
             return _sse(_chunk(kind, request_id, created, info, **fields))
 
         choices = [ChoiceText(params.stop) for _ in range(req.choices)]
+        names = _calls(req) if kind.chat else None
+        parsers = [ToolCallParser(names) for _ in range(req.choices)] if names else None
         asked = params.wants_logprobs
 
-        def content(index: int, text: str, tokens) -> str:
-            """A chunk of text and/or log-probs; nothing when there is neither (held back for a stop string)."""
-            if not text and not tokens:
+        def content(index: int, text: str, tokens, last: bool = False) -> str:
+            """A chunk of text and/or log-probs, or of tool-call deltas; nothing when there is none (held back for a
+            stop string or a call marker)."""
+            calls = None
+            if parsers is not None:
+                text, calls = parsers[index].feed(text)
+                if last:
+                    more, more_calls = parsers[index].finish()
+                    text, calls = text + more, calls + more_calls
+            if not text and not tokens and not calls:
                 return ""
-            return chunk(index=index, text=text, logprobs=kind.logprobs(tokens, asked))
+            return chunk(index=index, text=text or None if calls else text, logprobs=kind.logprobs(tokens, asked),
+                         calls=calls)
 
         def finish(index: int, engine_reason: str) -> str:
             choice = choices[index]
             text, tokens = choice.finish()
-            reason = _finish_reason(engine_reason, choice.stopped)
-            return content(index, text, tokens) + chunk(index=index, text=None if kind.chat else "", finish=reason)
+            out = content(index, text, tokens, last=True)
+            called = parsers is not None and bool(parsers[index].calls)
+            reason = _finish_reason(engine_reason, choice.stopped, called)
+            return out + chunk(index=index, text=None if kind.chat else "", finish=reason)
 
         # Chat's role chunks go out in the same write as the first content: two back-to-back writes cost the
         # client a few ms of TTFT (measured in docs/benchmarks/serving.md).
@@ -436,7 +502,7 @@ def create_app(front: FrontDoor) -> FastAPI:
                     yield finish(completion.index, completion.finish_reason)
             usage = _usage(completions)
             _count_tokens(usage)
-            if req.include_usage:
+            if req.include_usage or req.continuous_usage:
                 yield chunk(usage=usage, no_choice=True)
         except Exception as exc:  # noqa: BLE001 - after the headers, an error is an SSE event before [DONE]
             error = exc if isinstance(exc, OpenAIError) else from_triton(exc, kind.prompt_param, kind.renamed)
@@ -445,8 +511,25 @@ def create_app(front: FrontDoor) -> FastAPI:
             generation.abandon()  # no-op once finished; on a disconnect, cancels the Triton request
         yield "data: [DONE]\n\n"
 
+    def _message(text: str, names: frozenset[str] | None) -> tuple[AssistantMessage, bool]:
+        """A whole answer as the assistant's message: its calls parsed out when tools were offered (the same parser
+        as a stream's, so both give the same calls). The second value: whether it called a tool."""
+        if not names:
+            return AssistantMessage(content=text), False
+        parser = ToolCallParser(names)
+        content, _ = parser.feed(text)
+        content += parser.finish()[0]
+        calls = [ToolCallOut(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+                 for c in parser.calls]
+        return AssistantMessage(content=content if content.strip() or not calls else None,
+                                tool_calls=calls or None), bool(calls)
+
     def _count_tokens(usage: Usage) -> None:
         front.metrics.prompt_tokens.inc(usage.prompt_tokens)
         front.metrics.completion_tokens.inc(usage.completion_tokens)
 
-    return FrontDoorMiddleware(app, front)
+    app = FrontDoorMiddleware(app, front)
+    if cors_origins:  # outermost: a browser's preflight is answered before the API-key check
+        app = CORSMiddleware(app, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "OPTIONS"],
+                             allow_headers=["*"], expose_headers=["X-Request-Id"], max_age=600)
+    return app
