@@ -122,12 +122,15 @@ def _unenforced(schema: object, path: tuple) -> Iterator[tuple[tuple, str, str]]
 class Matcher:
     """One sequence's place in its guide."""
 
-    def __init__(self, matcher: xgr.GrammarMatcher):
+    def __init__(self, matcher: xgr.GrammarMatcher, allowed: torch.Tensor | None = None):
         self._matcher = matcher
+        self._allowed = allowed  # a bitmask row ANDed into every step's (JSON guides: no control characters)
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the tokens allowed next into ``bitmask[row]``."""
         self._matcher.fill_next_token_bitmask(bitmask, row)
+        if self._allowed is not None:
+            bitmask[row] &= self._allowed
 
     def accept(self, token: int) -> bool:
         """Advance by ``token``; False (and no change) when the guide does not allow it."""
@@ -139,15 +142,16 @@ class Matcher:
 
 
 class CompiledGuide:
-    def __init__(self, grammar: xgr.CompiledGrammar, guide_type: str, guide: str):
+    def __init__(self, grammar: xgr.CompiledGrammar, guide_type: str, guide: str, allowed: torch.Tensor | None = None):
         self._grammar = grammar
+        self._allowed = allowed
         # The source, for an engine that compiles guides itself (TensorRT-LLM's executor: GuidedDecodingParams).
         self.guide_type, self.guide = guide_type, guide
 
     def matcher(self, end_id: int | None = None) -> Matcher:
         """A fresh matcher. When the guide is complete only the stop token is allowed: ``end_id`` (the request's),
         else the tokenizer's end-of-sequence tokens."""
-        return Matcher(xgr.GrammarMatcher(self._grammar, override_stop_tokens=end_id))
+        return Matcher(xgr.GrammarMatcher(self._grammar, override_stop_tokens=end_id), self._allowed)
 
 
 class Grammars:
@@ -158,6 +162,14 @@ class Grammars:
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        # JSON allows no raw control character (U+0000-U+001F) in a string, and our JSON guides none outside one
+        # (no whitespace but their separators' spaces); xgrammar 0.2.9 lets tokens holding one through inside strings
+        # (seen: U+0005, U+0014 in generated strings), which strict parsers refuse. Those tokens are masked out of
+        # every step of a json / json_schema guide.
+        self.control_tokens = control_tokens(info.decoded_vocab)
+        self._json_allowed = new_bitmask(1, vocab_size)[0]
+        for token in self.control_tokens:
+            self._json_allowed[token // 32] &= ~(1 << (token % 32))
         # One compile thread (it runs on a request thread beside the engine); the cache is ours, keyed by the guide.
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._cached = functools.lru_cache(maxsize=cache_size)(self._compile)
@@ -203,7 +215,14 @@ class Grammars:
                 grammar = compiler.compile_grammar(guide)
         except RuntimeError as error:  # xgrammar's compile errors, with a C++ source location in front
             raise GuideError(f"{guide_type}: {_strip_cxx(error)}") from None
-        return CompiledGuide(grammar, guide_type, guide)
+        return CompiledGuide(grammar, guide_type, guide,
+                             self._json_allowed if guide_type in ("json", "json_schema") else None)
+
+
+def control_tokens(decoded_vocab: list[bytes]) -> list[int]:
+    """The tokens whose text holds a control character (a byte below 0x20): never part of the JSON our JSON guides
+    allow (``Grammars``)."""
+    return [token for token, text in enumerate(decoded_vocab) if any(byte < 0x20 for byte in text)]
 
 
 def _schemas_in(node: object) -> Iterator[object]:

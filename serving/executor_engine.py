@@ -118,6 +118,9 @@ class ExecutorEngine:
         self.executor = bindings.Executor(engine_dir, bindings.ModelType.DECODER_ONLY,
                                           executor_config(bindings, params, limits))
         self._admission = Admission(limits.max_queue_size)
+        # Banned in JSON-guided requests (bad words of one token each), as the CPU engine masks them (cpu_engine/
+        # grammar.py, Grammars): xgrammar lets raw control characters into JSON strings, which strict parsers refuse.
+        self._control_tokens = [[token] for token, text in enumerate(token_bytes) if any(b < 0x20 for b in text)]
         self._live: dict[int, _Live] = {}  # executor request id → its state; submit adds, the response thread removes
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -201,13 +204,16 @@ class ExecutorEngine:
                     "min_p": s.min_p or None,
                     "num_return_sequences": request.num_return_sequences if request.num_return_sequences > 1
                     else None}
+        bad_words = list(request.bad_words)
+        if request.guide is not None and request.guide.guide_type in ("json", "json_schema"):
+            bad_words += self._control_tokens
         kwargs = {
             "streaming": True,  # always: the llm holds a non-streamed answer back itself
             "sampling_config": trtllm.SamplingConfig(1, **{k: v for k, v in sampling.items() if v is not None}),
             "output_config": trtllm.OutputConfig(return_log_probs=request.return_log_probs,
                                                  exclude_input_from_output=True),
             "end_id": request.end_id, "stop_words": request.stop_words or None,
-            "bad_words": request.bad_words or None,
+            "bad_words": bad_words or None,
             "num_return_sequences": request.num_return_sequences,
             "priority": PROBE_PRIORITY if request.probe else None,
         }

@@ -117,8 +117,8 @@ def native_messages(messages: list[dict]) -> list[dict]:
 
 def tool_guide(specs: list[dict], choice: str | dict, parallel: bool) -> dict | None:
     """The structural tag for ``tool_choice``: None for ``none`` (no call can be made); ``auto``: text, and any
-    call after a ``<tool_call>``; ``required``: one call or more, no text before; a named function: exactly that
-    call. ``parallel``: more calls may follow the first (OpenAI's ``parallel_tool_calls``)."""
+    call after a ``<tool_call>``; ``required``: calls only, one or more; a named function: exactly that call.
+    ``parallel``: more calls may follow the first (OpenAI's ``parallel_tool_calls``)."""
     def tag(spec: dict) -> dict:
         # At most one whitespace character between JSON tokens: a model cannot loop on newlines inside a call (the
         # guide's own JSON format has no separators option; json.dumps's and compact JSON both fit).
@@ -132,9 +132,13 @@ def tool_guide(specs: list[dict], choice: str | dict, parallel: bool) -> dict | 
         if spec is None:
             raise ToolError(f"tool_choice names the function {choice['function']['name']!r}, which is not in tools")
         return {"type": "structural_tag", "format": tag(spec)}
+    if choice == "required":
+        return {"type": "structural_tag", "format": {
+            "type": "tags_with_separator", "tags": [tag(s) for s in specs], "separator": "", "at_least_one": True,
+            "stop_after_first": not parallel}}
     return {"type": "structural_tag", "format": {
         "type": "triggered_tags", "triggers": [CALL_BEGIN], "tags": [tag(s) for s in specs],
-        "at_least_one": choice == "required", "stop_after_first": not parallel}}
+        "stop_after_first": not parallel}}
 
 
 def arguments_object(text: str) -> Any:

@@ -559,3 +559,160 @@ class ModelCard(_Response):
 class ModelList(_Response):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# ------------------------------------------------------------------------------------------ the Responses API
+
+# Asks for server-side state or hosted features: refused by name unless it asks for nothing.
+_RESPONSES_OFF: dict[str, tuple] = {
+    "previous_response_id": (None,), "store": (None, False), "conversation": (None,), "background": (None, False),
+    "prompt": (None,), "context_management": (None, []), "moderation": (None,), "image": (None,),
+    "access_programs": (None,), "top_logprobs": (None, 0),
+}
+_RESPONSES_IGNORED = ("metadata", "service_tier", "reasoning", "truncation", "safety_identifier", "prompt_cache_key",
+                      "prompt_cache_retention", "prompt_cache_options", "user", "include", "stream_options")
+
+
+class InputText(_Request):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list | None = None  # an assistant's replayed output_text carries them
+    logprobs: list | None = None
+
+
+class InputRefusal(_Request):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class MessageItem(_Echo):
+    """A message of the conversation (EasyInputMessage, or an earlier output message replayed)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[InputText | InputRefusal]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, InputText))
+
+
+class FunctionCallItem(_Echo):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(_Echo):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputText]
+
+    def text(self) -> str:
+        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
+
+
+class ReasoningItem(_Echo):
+    type: Literal["reasoning"]  # echoed from an earlier answer: dropped
+
+
+class FunctionTool(_Request):
+    """The Responses API's function tool: flat, not under ``function``."""
+
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None  # accepted either way: the arguments are always held to the schema
+
+
+class NamedFunctionChoice(_Request):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(_Request):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # asks nothing of this model's output
+
+
+class ResponsesRequest(_Request):
+    """``POST /v1/responses``, stateless: ``input`` carries the whole conversation."""
+
+    model: str
+    input: str | list[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    text: TextConfig | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | AllowedToolsChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = Field(None, ge=1)
+    stream: bool | None = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, values):
+        if isinstance(values, dict) and values.get("store") is True:
+            raise bad_request("'store': true is not supported: this server keeps no responses (send the whole "
+                              "conversation in 'input')", param="store", code="unsupported_parameter")
+        if isinstance(values, dict) and values.get("previous_response_id"):
+            raise bad_request("'previous_response_id' is not supported: this server keeps no responses (send the "
+                              "whole conversation in 'input')", param="previous_response_id",
+                              code="unsupported_parameter")
+        return _refuse_unsupported(values, _RESPONSES_OFF, _RESPONSES_IGNORED) if isinstance(values, dict) else values
+
+    @model_validator(mode="after")
+    def _checks(self):
+        if self.text and self.text.format and self.text.format.type == "json_schema" and (
+                self.text.format.schema_ is None or not self.text.format.name):
+            raise bad_request("'text.format' of type json_schema needs 'name' and 'schema'", param="text.format")
+        return self
+
+    def chat(self) -> ChatCompletionRequest:
+        """The same request as a chat completion (the conversation, the tools, the output format)."""
+        messages: list[dict] = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        for item in items:
+            if isinstance(item, MessageItem):
+                messages.append({"role": item.role, "content": item.text()})
+            elif isinstance(item, FunctionCallItem):
+                call = {"id": item.call_id, "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments}}
+                if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"] and \
+                        messages[-1].get("tool_calls"):
+                    messages[-1]["tool_calls"].append(call)  # the calls of one turn: one assistant message
+                else:
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif isinstance(item, FunctionCallOutputItem):
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+        fmt = self.text.format if self.text else None
+        choice = self.tool_choice
+        if isinstance(choice, NamedFunctionChoice):
+            choice = {"type": "function", "function": {"name": choice.name}}
+        elif isinstance(choice, AllowedToolsChoice):
+            choice = choice.model_dump()
+        body = {
+            "model": self.model, "messages": messages, "max_tokens": self.max_output_tokens,
+            "temperature": self.temperature, "top_p": self.top_p, "stream": self.stream,
+            "tools": [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                      for t in self.tools] if self.tools else None,
+            "tool_choice": choice, "parallel_tool_calls": self.parallel_tool_calls,
+            "response_format": None if fmt is None or fmt.type == "text" else
+            {"type": "json_object"} if fmt.type == "json_object" else
+            {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema_,
+                                                    "description": fmt.description, "strict": fmt.strict}},
+        }
+        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None}, strict=False)

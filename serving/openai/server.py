@@ -32,15 +32,19 @@ from serving.openai.metrics import FrontDoorMetrics
 from serving.openai.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
                                      ChatCompletionChunk, ChatCompletionRequest, ChoiceLogprobs, CompletionChoice,
                                      CompletionLogprobs, CompletionRequest, Delta, DeltaFunction, DeltaToolCall,
-                                     FunctionCall, ModelCard, ModelList, TextCompletion, ToolCallOut, Usage,
-                                     json_logprob)
+                                     FunctionCall, ModelCard, ModelList, ResponsesRequest, TextCompletion, ToolCallOut,
+                                     Usage, json_logprob)
+from serving.openai.responses import ResponseBuilder
 from serving.openai.streaming import ChoiceText, ClientGone, Generation, Tasks, unless_disconnected
 from serving.openai.tool_parser import CallDelta, ToolCallParser
 from serving.tools import ToolError, functions, tool_guide
 
 OPEN_PATHS = frozenset({"/health", "/health/live"})  # no API key: probes
 UNCOUNTED_PATHS = OPEN_PATHS | {"/metrics"}  # still answered while draining, not waited for
-ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/health/live", "/metrics"})
+ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/health/live",
+                    "/metrics"})
+# A Responses request's parameters under their chat names (errors name what the client sent).
+_RESPONSES_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 MAX_BODY_BYTES = 8 * 2**20
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 REQUEST_ID_HEADER = "x-request-id"
@@ -241,6 +245,14 @@ def _finish_reason(engine_reason: str, stopped: bool, called: bool = False) -> s
                       code="cancelled")
 
 
+def _responses_param(param: str | None) -> str | None:
+    if param is None:
+        return None
+    head, dot, rest = param.partition(".")
+    base = head.split("[", 1)[0]
+    return _RESPONSES_PARAMS.get(base, base) + head[len(base):] + dot + rest if base in _RESPONSES_PARAMS else param
+
+
 def _sse(obj: BaseModel | dict) -> str:
     data = obj.model_dump_json() if isinstance(obj, BaseModel) else json.dumps(obj, ensure_ascii=False)
     return f"data: {data}\n\n"
@@ -365,6 +377,85 @@ def create_app(front: FrontDoor, cors_origins: Sequence[str] = ()) -> FastAPI:
         params = _sampling(req, info, CONTEXT_END)
         messages = [m.plain() for m in req.messages]
         return await _generate(request, CHAT, req, info, params, messages)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        req = await _parse(request, ResponsesRequest)
+        info = front.info()
+        try:
+            chat = req.chat()
+            params = _sampling(chat, info, CONTEXT_END)
+        except OpenAIError as exc:
+            exc.param = _responses_param(exc.param)
+            raise
+        except ValidationError as exc:
+            error = from_validation(exc)
+            error.param = _responses_param(error.param)
+            raise error from None
+        if req.max_tool_calls == 1:
+            chat.parallel_tool_calls = False
+        messages = [m.plain() for m in chat.messages]
+        names = _calls(chat)
+        builder = ResponseBuilder(req, info.id)
+        if not req.stream:
+            try:
+                completion = (await unless_disconnected(
+                    front.tasks.start(_work(request, CHAT, chat, messages, params, False)), request.receive))[0]
+            except ClientGone:
+                return Response(status_code=499)
+            except Exception as exc:  # noqa: BLE001 - every Triton failure gets its status
+                raise _responses_error(exc) from None
+            parser = ToolCallParser(names) if names else None
+            text, calls = parser.feed(completion.text) if parser else (completion.text, [])
+            rest, more = parser.finish() if parser else ("", [])
+            for _ in (*builder.start(), *builder.add(text + rest, calls + more),
+                      *builder.finish(_finish_reason(completion.finish_reason, False),
+                                      completion.num_input_tokens, completion.num_output_tokens)):
+                pass
+            _count_tokens(Usage.of(completion.num_input_tokens, completion.num_output_tokens))
+            return JSONResponse(builder.response())
+        generation = Generation(_work(request, CHAT, chat, messages, params, True), front.tasks)
+        first = asyncio.ensure_future(generation.next())
+        try:
+            first_chunk = await unless_disconnected(first, request.receive)
+        except ClientGone:
+            generation.abandon()
+            return Response(status_code=499)
+        except Exception as exc:  # noqa: BLE001 - an error before the first token keeps its HTTP status
+            generation.abandon()
+            raise _responses_error(exc) from None
+        return StreamingResponse(_response_events(builder, generation, first_chunk, names),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def _response_events(builder: ResponseBuilder, generation: Generation, first_chunk,
+                               names: frozenset[str] | None) -> AsyncIterator[str]:
+        parser = ToolCallParser(names) if names else None
+        try:
+            for event in builder.start():
+                yield event
+            item = first_chunk
+            while item is not None:
+                text, calls = parser.feed(item.text) if parser else (item.text, [])
+                out = "".join(builder.add(text, calls))
+                if out:
+                    yield out
+                item = await generation.next()
+            rest, more = parser.finish() if parser else ("", [])
+            completion = generation.completions[0]
+            _count_tokens(Usage.of(completion.num_input_tokens, completion.num_output_tokens))
+            yield "".join(builder.add(rest, more)) + "".join(builder.finish(
+                _finish_reason(completion.finish_reason, False), completion.num_input_tokens,
+                completion.num_output_tokens))
+        except Exception as exc:  # noqa: BLE001 - after the headers, an error is an SSE event
+            error = exc if isinstance(exc, OpenAIError) else _responses_error(exc)
+            yield builder.event("error", code=error.code, message=error.message, param=error.param)
+        finally:
+            generation.abandon()
+
+    def _responses_error(exc: Exception) -> OpenAIError:
+        error = from_triton(exc, "input", _RESPONSES_PARAMS)
+        error.param = _responses_param(error.param)
+        return error
 
     @app.post("/v1/completions")
     async def completions(request: Request):
