@@ -14,8 +14,10 @@ MODEL_SOURCES = PROJECT_ROOT / "model_repository"
 
 
 def engine_limits(profile: ServingProfile) -> dict:
-    build = read_config(profile.engine_dir)["build_config"]
-    return {key: build[key] for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")}
+    config = read_config(profile.engine_dir)
+    build = config["build_config"]
+    return {**{key: build[key] for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")},
+            "vocab_size": config["pretrained_config"]["vocab_size"]}
 
 
 def model_configs(profile: ServingProfile):

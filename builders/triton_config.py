@@ -53,6 +53,9 @@ ENSEMBLE_INPUTS = (
     _t("temperature", "FP32", optional=True), _t("min_tokens", "INT32", optional=True),
     _t("seed", "UINT64", optional=True), _t("stream", "BOOL", optional=True),
     _t("exclude_input_in_output", "BOOL", optional=True),
+    # OpenAI's logit_bias by token id; preprocessing makes TensorRT-LLM's embedding_bias of it (one value per
+    # vocabulary entry). tensorrtllm_backend's ensemble takes words (embedding_bias_words) where OpenAI has ids.
+    _t("embedding_bias_token_ids", "INT32", (-1,), True), _t("embedding_bias_weights", "FP32", (-1,), True),
 ) + CONTROL_TENSORS
 ENSEMBLE_OUTPUTS = (
     _t("text_output", "STRING", (-1,)), _t("finish_reason", "STRING"),
@@ -72,7 +75,7 @@ LLM_INPUTS = (
     _t("runtime_top_k", "INT32", optional=True), _t("runtime_top_p", "FP32", optional=True),
     _t("temperature", "FP32", optional=True), _t("random_seed", "UINT64", optional=True),
     _t("min_tokens", "INT32", optional=True), _t("streaming", "BOOL", optional=True),
-    _t("exclude_input_in_output", "BOOL", optional=True),
+    _t("exclude_input_in_output", "BOOL", optional=True), _t("embedding_bias", "FP32", (-1,), True),
 ) + CONTROL_TENSORS
 # Only the LLM model takes ``stop`` (TensorRT-LLM's: end the running request with this request id).
 LLM_CONTROL_INPUTS = (_t("stop", "BOOL", optional=True),)
@@ -115,7 +118,7 @@ def preprocessing_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
     cfg = _python_model("preprocessing", p.max_batch_size, ENSEMBLE_INPUTS, PREPROCESSING_OUTPUTS,
                         p.preprocessing.instances,
                         {"tokenizer_dir": p.tokenizer_dir, "max_input_len": limits["max_input_len"],
-                         "max_seq_len": limits["max_seq_len"]})
+                         "max_seq_len": limits["max_seq_len"], "vocab_size": limits["vocab_size"]})
     if p.preprocessing.batcher is not None:
         cfg.dynamic_batching.CopyFrom(_batcher(p.preprocessing.batcher))
     return cfg

@@ -75,7 +75,8 @@ class SamplingParams:
     occurrence (the server counts prompt and generated tokens). ``min_p``: drop tokens below ``min_p`` × the most
     likely one's probability. ``n``: independent sequences (``generate_n`` / ``chat_n``, or ``stream(...).chunks()``).
     ``logprobs``: each generated token's log-probability; ``top_logprobs``: that many most likely alternatives per
-    token too (implies ``logprobs``).
+    token too (implies ``logprobs``). ``logit_bias``: token id → a value added to its logit at every step (OpenAI's
+    ``logit_bias``; TensorRT-LLM's ``embedding_bias``).
     """
 
     max_tokens: int = 64
@@ -97,6 +98,7 @@ class SamplingParams:
     logprobs: bool | None = None
     top_logprobs: int | None = None
     guide: Guide | None = None
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def sequences(self) -> int:
@@ -297,6 +299,10 @@ def _request_inputs(what: grpcclient.InferInput, params: SamplingParams, stream:
         inputs.append(_words_input("guided_decoding_guide_type", [params.guide.type]))
         if params.guide.guide:
             inputs.append(_words_input("guided_decoding_guide", [params.guide.guide]))
+    if params.logit_bias:
+        inputs.append(_tensor("embedding_bias_token_ids", np.array([list(params.logit_bias)], dtype=np.int32), "INT32"))
+        inputs.append(_tensor("embedding_bias_weights", np.array([list(params.logit_bias.values())], dtype=np.float32),
+                              "FP32"))
     return inputs
 
 

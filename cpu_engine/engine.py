@@ -263,8 +263,12 @@ class LLMEngine:
                 self._fail([seq], exc)
 
     def _mask(self, seqs: list[Sequence], logits: torch.Tensor) -> dict[int, Exception]:
-        """Bad words, the grammar, then min_tokens' ban of end_id — unless the grammar allows nothing else.
-        Returns the rows whose grammar failed, with the exception: _accept_batch ends them, dropping their token."""
+        """The embedding bias, bad words, the grammar, then min_tokens' ban of end_id — unless the grammar allows
+        nothing else. Returns the rows whose grammar failed, with the exception: _accept_batch ends them, dropping
+        their token."""
+        biased = [i for i, s in enumerate(seqs) if s.request.embedding_bias is not None]
+        if biased:
+            logits[biased] += torch.stack([seqs[i].request.embedding_bias for i in biased]).to(logits.dtype)
         rows, banned, failed = [], [], {}
         for i, seq in enumerate(seqs):
             for token in self._banned_tokens(seq):

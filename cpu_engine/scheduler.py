@@ -31,6 +31,8 @@ class GenerationRequest:
     end_id: int | None = None
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
+    # [vocab_size] float32 added to every step's logits (TensorRT-LLM's embedding_bias, OpenAI's logit_bias).
+    embedding_bias: object | None = None
     is_cancelled: Callable[[], bool] = lambda: False
     return_log_probs: bool = False
     top_logprobs: int = 0  # alternatives per token (0..20), with return_log_probs

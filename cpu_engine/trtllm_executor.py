@@ -377,7 +377,8 @@ class Executor:
             request_id=str(request_id), prompt_ids=request.input_token_ids,
             max_new_tokens=min(request.max_tokens, self.max_seq_len - len(request.input_token_ids)),
             sampling=sampling, end_id=request.end_id, stop_words=request.stop_words or [],
-            bad_words=request.bad_words or [], is_cancelled=lambda: request_id in self._cancelled,
+            bad_words=request.bad_words or [], embedding_bias=request.embedding_bias,
+            is_cancelled=lambda: request_id in self._cancelled,
             return_log_probs=bool(request.output_config.return_log_probs), num_return_sequences=n,
             guide=self._guide(request.guided_decoding_params, request.end_id),
             probe=request.priority > 0.5)
@@ -452,6 +453,11 @@ class Executor:
             return f"Prompt length ({len(prompt)}) leaves no room to generate within max_seq_len ({self.max_seq_len})."
         if request.guided_decoding_params is not None and self._guided is None:
             return "Guided decoding is not enabled: the executor has no guided decoding config"
+        bias = request.embedding_bias
+        if bias is not None and (getattr(bias, "ndim", None) != 1 or str(bias.dtype) != "torch.float32"
+                                 or self.vocab_size is not None and bias.shape[0] != self.vocab_size):
+            return (f"embedding_bias must be a 1-D float32 torch tensor of the vocabulary's size ({self.vocab_size}), "
+                    f"got {type(bias).__name__} {tuple(getattr(bias, 'shape', ()))} {getattr(bias, 'dtype', '')}")
         return ""
 
     def _guide(self, params: GuidedDecodingParams | None, end_id: int | None):

@@ -214,6 +214,8 @@ class ExecutorEngine:
                                                  exclude_input_from_output=True),
             "end_id": request.end_id, "stop_words": request.stop_words or None,
             "bad_words": bad_words or None,
+            # A float32 torch tensor [vocab_size], as tensorrtllm_backend's own Python model passes it.
+            "embedding_bias": request.embedding_bias,
             "num_return_sequences": request.num_return_sequences,
             "priority": PROBE_PRIORITY if request.probe else None,
         }

@@ -1,13 +1,15 @@
 """Validation and defaults for request parameters, shared by preprocessing and the LLM model.
 
 Errors are ``ValueError`` with a message a person understands; the Triton models turn them into
-INVALID_ARG. No torch here: the text stages stay light.
+INVALID_ARG. No torch here (numpy only): the text stages stay light.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,42 @@ def resolve_end_id(end_id: int | None, vocab_size: int) -> int | None:
 def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
     if not 0 <= min_tokens <= max_tokens:
         raise ValueError(f"min_tokens must be between 0 and max_tokens ({max_tokens}), got {min_tokens}")
+
+
+def embedding_bias(token_ids, weights, vocab_size: int) -> np.ndarray:
+    """TensorRT-LLM's ``embedding_bias`` ([1, vocab_size] FP32, added to the logits before sampling; [1, 0]: none)
+    from ``embedding_bias_token_ids`` and ``embedding_bias_weights`` (OpenAI's ``logit_bias``: token id → bias; a
+    repeated id adds up). Sized by the engine's vocabulary, not the tokenizer's (tensorrtllm_backend's preprocessing
+    uses ``tokenizer.vocab_size``, which leaves out added tokens)."""
+    if token_ids is None and weights is None:
+        return np.empty((1, 0), dtype=np.float32)
+    if token_ids is None or weights is None:
+        missing = "embedding_bias_weights" if weights is None else "embedding_bias_token_ids"
+        raise ValueError(f"embedding_bias_token_ids and embedding_bias_weights go together: {missing} is missing")
+    ids, values = np.asarray(token_ids).reshape(-1), np.asarray(weights, dtype=np.float32).reshape(-1)
+    if ids.size != values.size:
+        raise ValueError(f"embedding_bias_token_ids ({ids.size}) and embedding_bias_weights ({values.size}) must have "
+                         "the same length")
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"embedding_bias_token_ids must be token ids in [0, {vocab_size}), got min {ids.min()} max "
+                         f"{ids.max()}")
+    if not np.isfinite(values).all():
+        raise ValueError("embedding_bias_weights must be finite numbers")
+    bias = np.zeros((1, vocab_size), dtype=np.float32)
+    np.add.at(bias[0], ids.astype(np.int64), values)
+    return bias
+
+
+def check_embedding_bias(bias: np.ndarray | None, vocab_size: int) -> np.ndarray | None:
+    """The llm's ``embedding_bias`` row as one bias per vocabulary entry, or None (absent or empty)."""
+    if bias is None or bias.size == 0:
+        return None
+    bias = bias.reshape(-1)
+    if bias.size != vocab_size:
+        raise ValueError(f"embedding_bias must hold one value per vocabulary entry ({vocab_size}), got {bias.size}")
+    if not np.isfinite(bias).all():
+        raise ValueError("embedding_bias must be finite numbers")
+    return bias.astype(np.float32, copy=False)
 
 
 # ---- issue 17's request controls: TensorRT-LLM's input names (min_p and top_logprobs are ours) -------------------

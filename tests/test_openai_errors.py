@@ -77,8 +77,14 @@ CATALOGUE = [
     ("deprecated functions", "POST", "/chat/completions", chat(functions=[{"name": "f"}]), 400,
      "unsupported_parameter", "'functions'"),
     ("stored completion", "POST", "/chat/completions", chat(store=True), 400, "unsupported_parameter", "'store'"),
-    ("logit_bias", "POST", "/chat/completions", chat(logit_bias={"5": 10}), 400, "unsupported_parameter",
-     "'logit_bias'"),
+    ("logit_bias key not a token id", "POST", "/chat/completions", chat(logit_bias={"the": 10}), 400,
+     "invalid_value", "'logit_bias' keys are token ids"),
+    ("logit_bias above 100", "POST", "/completions", completion(logit_bias={"5": 101}), 400, "invalid_value",
+     "between -100 and 100"),
+    ("logit_bias token beyond the vocabulary", "POST", "/chat/completions", chat(logit_bias={"99999999": 1}), 400,
+     None, "not in the model's vocabulary"),
+    ("audio output", "POST", "/chat/completions", chat(modalities=["text", "audio"]), 400, "unsupported_parameter",
+     "'modalities'"),
     ("n above 8", "POST", "/chat/completions", chat(n=9), 400, "invalid_value", "'n' must be between 1 and 8"),
     ("n zero", "POST", "/chat/completions", chat(n=0), 400, "invalid_value", "'n' must be between 1 and 8"),
     ("frequency_penalty above 2", "POST", "/chat/completions", chat(frequency_penalty=2.5), 400, "invalid_value",
@@ -183,8 +189,8 @@ def test_bad_request(front, name, method, path, body, status, code, fragment):
 def test_the_sdk_raises_typed_errors(front):
     with openai.OpenAI(base_url=front.v1, api_key="x", max_retries=0) as sdk:
         with pytest.raises(openai.BadRequestError) as bad:
-            sdk.chat.completions.create(model=MODEL, messages=MSGS, logit_bias={"5": 10})
-        assert bad.value.param == "logit_bias" and bad.value.code == "unsupported_parameter"
+            sdk.chat.completions.create(model=MODEL, messages=MSGS, modalities=["audio"])
+        assert bad.value.param == "modalities" and bad.value.code == "unsupported_parameter"
         with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: guided_json"):
             sdk.chat.completions.create(model=MODEL, messages=MSGS, extra_body={"guided_json": {}})
         with pytest.raises(openai.NotFoundError):

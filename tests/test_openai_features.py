@@ -315,6 +315,28 @@ def test_out_of_range_values_are_400_naming_the_parameter(sdk):
         assert bad.value.param == param and param in bad.value.message, (fields, bad.value.message)
 
 
+def test_logit_bias_forces_a_token_and_bans_one(sdk, tiny_checkpoint):
+    """OpenAI's logit_bias (token id → -100..100), on both layouts (the GPU one: TensorRT-LLM's embedding_bias). The
+    oracle: transformers' logits of the same checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, local_files_only=True, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ranked = model(torch.tensor([vocab("Hello", split_special_tokens=True).input_ids])).logits[0, -1].argsort(
+            descending=True).tolist()
+
+    def answer(max_tokens=4, **fields):
+        return sdk.completions.create(model=MODEL, prompt="Hello", max_tokens=max_tokens, **fields).choices[0].text
+
+    for token in (42, 43):  # +100: that token every step
+        assert answer(logit_bias={str(token): 100}) == vocab.decode([token] * 4)
+    assert answer(logit_bias={"42": 100, "44": 0}) == answer(logit_bias={"42": 100})  # zero changes nothing
+    assert answer(1) == vocab.decode(ranked[:1])
+    assert answer(1, logit_bias={str(ranked[0]): -100}) == vocab.decode(ranked[1:2])  # banned: the runner-up
+
+
 # --------------------------------------------------------------------------------------------------- the CLI
 
 def test_cli_n_logprobs_penalty_and_json_schema(triton, tmp_path):

@@ -60,7 +60,10 @@ def llm_direct(triton, ids, max_tokens, streaming, **controls):
     inputs = [make_input("input_ids", [ids], np.int32), make_input("input_lengths", [[len(ids)]], np.int32),
               make_input("request_output_len", [[max_tokens]], np.int32),
               make_input("streaming", [[streaming]], bool)]
+    bias = controls.pop("embedding_bias", None)
     inputs += [make_input(name, [[value]], types[name]) for name, value in controls.items()]
+    if bias is not None:
+        inputs.append(make_input("embedding_bias", [bias], np.float32))
     responses, error = stream_request(triton.urls.grpc, "llm", inputs)
     assert error is None, error
     return responses
@@ -145,6 +148,48 @@ def test_min_p_on_both_layouts_and_top_logprobs_only_on_the_cpu_one(triton):
 def test_a_penalty_that_is_not_a_number_is_refused(triton):
     """The rest of the bad values are in tests/test_bad_input.py's catalogue (HTTP and gRPC); NaN has no JSON."""
     assert "presence_penalty must be a finite number" in refused(triton, presence_penalty=float("nan"))
+
+
+def test_embedding_bias_forces_and_bans_tokens(triton, hf):
+    """TensorRT-LLM's embedding_bias (one value per vocabulary entry) into the llm: the CPU engine adds it to the
+    logits, the GPU layout hands it to the executor. The oracle: transformers' logits of the prompt. Through the
+    ensemble it is OpenAI's logit_bias by token id (preprocessing makes the row): the same text."""
+    tokenizer, model = hf
+    prompt = "def parse(line):"
+    ids = tokenizer(prompt, split_special_tokens=True).input_ids
+    with torch.no_grad():
+        ranked = model(torch.tensor([ids])).logits[0, -1].argsort(descending=True).tolist()
+    vocab = model.config.vocab_size
+
+    def row(**bias):
+        values = np.zeros(vocab, dtype=np.float32)
+        for token, value in bias.values():
+            values[token] += value
+        return values
+
+    def ids_and_text(responses):
+        return ([int(i) for r in responses for i in r["output_ids"].reshape(-1)], b"".join(texts(responses)))
+
+    forced = ranked[-1]  # the least likely token, every step
+    out, forced_text = ids_and_text(llm_direct(triton, ids, 5, False, embedding_bias=row(f=(forced, 1e4))))
+    assert out == [forced] * 5
+    assert text(ensemble(triton, prompt, 5, embedding_bias_token_ids=[forced], embedding_bias_weights=[1e4])) \
+        == forced_text
+    out, banned_text = ids_and_text(llm_direct(triton, ids, 1, True, embedding_bias=row(b=(ranked[0], -120.0))))
+    assert out == [ranked[1]]  # the greedy choice banned: the runner-up
+    # A repeated id adds up (-60 + -60), as tensorrtllm_backend's preprocessing adds repeated words' weights.
+    assert text(ensemble(triton, prompt, 1, embedding_bias_token_ids=[ranked[0], ranked[0]],
+                         embedding_bias_weights=[-60.0, -60.0])) == banned_text
+
+    assert "same length" in refused(triton, embedding_bias_token_ids=[1, 2], embedding_bias_weights=[1.0])
+    assert "go together" in refused(triton, embedding_bias_token_ids=[1])
+    assert f"token ids in [0, {vocab})" in refused(triton, embedding_bias_token_ids=[vocab],
+                                                   embedding_bias_weights=[1.0])
+    assert "finite" in refused(triton, embedding_bias_token_ids=[1], embedding_bias_weights=[float("inf")])
+    short, error = stream_request(triton.urls.grpc, "llm", [
+        make_input("input_ids", [ids], np.int32), make_input("request_output_len", [[1]], np.int32),
+        make_input("embedding_bias", [[1.0, 2.0]], np.float32)])
+    assert error is not None and f"one value per vocabulary entry ({vocab})" in str(error), (short, error)
 
 
 def test_end_id_minus_one_means_none_and_other_bad_ids_are_refused(triton):

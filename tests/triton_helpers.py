@@ -34,6 +34,8 @@ def text_inputs(prompt: str, max_tokens: int, **optional) -> list[grpcclient.Inf
     for name, value in optional.items():
         if name in ("stop_words", "bad_words"):
             inputs.append(make_input(name, [[w.encode() for w in value]], object))
+        elif name in ("embedding_bias_token_ids", "embedding_bias_weights"):
+            inputs.append(make_input(name, [value], np.int32 if name.endswith("ids") else np.float32))
         elif isinstance(value, str):  # guided_decoding_guide_type, guided_decoding_guide
             inputs.append(make_input(name, [[value.encode()]], object))
         else:

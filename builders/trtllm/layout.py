@@ -49,7 +49,8 @@ def engine_limits(engine_cfg: dict) -> dict:
     missing = [k for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens") if k not in build]
     if missing:
         raise ValueError(f"engine config.json has no build_config.{', '.join(missing)}: not an engine config")
-    return {k: build[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")}
+    return {**{k: build[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")},
+            "vocab_size": engine_cfg["pretrained_config"]["vocab_size"]}
 
 
 def paged_context_fmha(engine_cfg: dict) -> bool:

@@ -24,6 +24,7 @@ class ModelInfo:
     max_seq_len: int  # prompt + completion tokens
     max_input_len: int  # prompt tokens
     created: int
+    vocab_size: int  # the engine's (logit_bias keys are ids below it)
 
     @property
     def chat_default_max_tokens(self) -> int:
@@ -54,7 +55,8 @@ class Backend:
 
         model_id = self.served_model_name or parameter(ensemble, "served_model_name") or ENSEMBLE
         self.info = ModelInfo(id=model_id, max_seq_len=int(parameter(preprocessing, "max_seq_len")),
-                              max_input_len=int(parameter(preprocessing, "max_input_len")), created=int(time.time()))
+                              max_input_len=int(parameter(preprocessing, "max_input_len")), created=int(time.time()),
+                              vocab_size=int(parameter(preprocessing, "vocab_size")))
         return self.info
 
     async def wait_info(self, period_s: float = 0.5) -> ModelInfo:

@@ -25,6 +25,7 @@ from serving.tools import ToolError, functions, tool_guide
 # A seed is an int64 in OpenAI's schema; the engine's is a uint64 (negative seeds wrap, two's complement).
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_STOP = 4
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: -100 bans a token, 100 all but forces it
 MAX_CHOICES = 8  # n: the engine's num_return_sequences limit
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, OpenAI's limit
 MAX_COMPLETION_LOGPROBS = 5  # legacy completions' logprobs, OpenAI's limit
@@ -33,14 +34,14 @@ VERY_UNLIKELY = -9999.0  # OpenAI's log-prob for a token that could not be picke
 # Parameters the engine cannot honour, with the only values that ask for nothing (accepted: ignoring them ignores no
 # request). Anything else is refused with a 400 naming the parameter.
 _CHAT_OFF: dict[str, tuple] = {
-    "logit_bias": (None, {}), "functions": (None, []), "function_call": (None, "none"), "store": (None, False),
+    "functions": (None, []), "function_call": (None, "none"), "store": (None, False),
     "modalities": (None, ["text"]), "audio": (None,), "web_search_options": (None,), "moderation": (None,),
 }
 # OpenAI's parameters that ask nothing of the output: accepted, dropped (docs/openai.md).
 _CHAT_IGNORED = ("metadata", "service_tier", "prediction", "reasoning_effort", "verbosity", "prompt_cache_key",
                  "prompt_cache_retention", "prompt_cache_options", "safety_identifier")
 _COMPLETION_OFF: dict[str, tuple] = {
-    "logit_bias": (None, {}), "best_of": (None, 1), "echo": (None, False), "suffix": (None,),
+    "best_of": (None, 1), "echo": (None, False), "suffix": (None,),
 }
 
 
@@ -95,6 +96,8 @@ class _Sampling(_Request):
     min_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
     min_tokens: int | None = Field(None, ge=0)
+    # Token id (as a string: JSON keys) → added to its logit; TensorRT-LLM's embedding_bias on the GPU layout.
+    logit_bias: dict[str, float] | None = None
     user: str | None = None  # accepted and ignored: it identifies the end user to OpenAI, asks nothing of the engine
     refused: ClassVar[dict[str, tuple]] = {}  # per endpoint: what the engine cannot honour, and its "off" values
     ignored: ClassVar[tuple[str, ...]] = ()  # per endpoint: what is accepted and changes nothing
@@ -114,6 +117,16 @@ class _Sampling(_Request):
             raise ValueError("'stop' sequences must not be empty strings")
         return stop
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, bias):
+        for key, value in (bias or {}).items():
+            if not key.isdecimal() or int(key) >= 2**31:
+                raise ValueError(f"'logit_bias' keys are token ids (decimal strings like \"1234\"), got {key!r}")
+            if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise ValueError(f"'logit_bias' values must be between -100 and 100, got {value} for token {key}")
+        return bias
+
     @field_validator("n")
     @classmethod
     def _n(cls, n):
@@ -130,6 +143,10 @@ class _Sampling(_Request):
     @property
     def stop_words(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def token_bias(self) -> dict[int, float]:
+        return {int(key): value for key, value in (self.logit_bias or {}).items()}
 
     @property
     def include_usage(self) -> bool:

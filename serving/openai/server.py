@@ -203,6 +203,10 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest, info: ModelInfo,
     elif max_tokens >= info.max_seq_len:
         raise context_length_exceeded(f"This model's maximum context length is {info.max_seq_len} tokens: "
                                       f"{param}={max_tokens} leaves no room for a prompt", param)
+    beyond = [token for token in req.token_bias if token >= info.vocab_size]
+    if beyond:
+        raise bad_request(f"'logit_bias' names token {beyond[0]}, which is not in the model's vocabulary of "
+                          f"{info.vocab_size} tokens", param="logit_bias")
     seed = None if req.seed is None else req.seed % 2**64  # OpenAI's int64 seed as the engine's uint64
     alternatives = req.alternatives
     temperature = req.temperature
@@ -213,7 +217,7 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest, info: ModelInfo,
         stop=req.stop_words, min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty, min_p=req.min_p,
         n=None if req.choices == 1 else req.choices, logprobs=None if alternatives is None else True,
-        top_logprobs=alternatives or None, guide=_guide(req))
+        top_logprobs=alternatives or None, guide=_guide(req), logit_bias=req.token_bias)
 
 
 def _guide(req: ChatCompletionRequest | CompletionRequest) -> Guide | None:

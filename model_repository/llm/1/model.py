@@ -28,8 +28,8 @@ from serving.early_stops import TTL_S, EarlyStops
 from serving.health import is_probe
 from serving.llm_metrics import LLMMetrics
 from serving.guides import GuideCompiler
-from serving.request_params import (CONTROL_INPUTS, check_lengths, check_min_tokens, resolve_controls, resolve_end_id,
-                                    resolve_sampling)
+from serving.request_params import (CONTROL_INPUTS, check_embedding_bias, check_lengths, check_min_tokens,
+                                    resolve_controls, resolve_end_id, resolve_sampling)
 from serving.sequence_output import SequenceOutput, TokenLogprob
 from serving.stub_python import check_stub
 from serving.text import from_word_list, token_bytes_table
@@ -212,6 +212,7 @@ class TritonPythonModel:
             end_id=resolve_end_id(scalar(request, "end_id", int), self.vocab_size),
             stop_words=self._word_list(request, "stop_words_list"),
             bad_words=self._word_list(request, "bad_words_list"),
+            embedding_bias=self._embedding_bias(request),
             is_cancelled=lambda: request_id in self._stopped or sender.is_cancelled(),
             return_log_probs=controls.return_log_probs,
             top_logprobs=controls.top_logprobs,
@@ -226,6 +227,10 @@ class TritonPythonModel:
         stream = _Stream(sender=sender, sequences=sequences, client_id=request.request_id(),
                          outputs=frozenset(request.requested_output_names()), running=len(sequences))
         return gen, stream
+
+    def _embedding_bias(self, request) -> torch.Tensor | None:
+        bias = check_embedding_bias(single_row(request, "embedding_bias"), self.vocab_size)
+        return None if bias is None else torch.from_numpy(bias.copy())
 
     @staticmethod
     def _word_list(request, name) -> list[list[int]]:

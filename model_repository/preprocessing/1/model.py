@@ -9,7 +9,7 @@ import triton_python_backend_utils as pb_utils
 from serving.chat import ChatEncoder, default_end_id, parse_messages, parse_template_kwargs, parse_tools
 from serving.drain import PREPROCESSING_GRACE_S, DrainGate
 from serving.health import is_probe
-from serving.request_params import (CONTROL_INPUTS, check_lengths, check_min_tokens, resolve_controls,
+from serving.request_params import (CONTROL_INPUTS, check_lengths, check_min_tokens, embedding_bias, resolve_controls,
                                     resolve_sampling)
 from serving.stub_python import check_stub
 from serving.text import to_word_list
@@ -60,6 +60,7 @@ class TritonPythonModel:
         self.tokenizer = Tokenizer.from_dir(params["tokenizer_dir"])
         self.max_input_len = int(params["max_input_len"])
         self.max_seq_len = int(params["max_seq_len"])
+        self.vocab_size = int(params["vocab_size"])  # the engine's (embedding_bias has one value per entry)
         self.chat = ChatEncoder(self.tokenizer)
         # The end of the assistant's turn (generation_config.json), so chat answers end with finish_reason "stop".
         self.end_id = default_end_id(self.chat, params["tokenizer_dir"])
@@ -137,4 +138,7 @@ class TritonPythonModel:
             pb_utils.Tensor("min_tokens", one(min_tokens, np.int32)),
             pb_utils.Tensor("streaming", one(bool(stream), bool)),
             pb_utils.Tensor("exclude_input_in_output", one(True if exclude_input is None else exclude_input, bool)),
+            pb_utils.Tensor("embedding_bias", embedding_bias(single_row(request, "embedding_bias_token_ids"),
+                                                             single_row(request, "embedding_bias_weights"),
+                                                             self.vocab_size)),
         ] + [pb_utils.Tensor(name, one(*_element(value))) for name, value in vars(controls).items()]
