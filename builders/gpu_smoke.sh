@@ -11,7 +11,8 @@
 # check the first four streamed answers equal their non-streamed twins byte for byte (the real executor; on CPU the
 # stand-in shows it, docs/gpu.md), and print TTFT / throughput and greedy agreement with the fp16 engine. On the
 # fp16 server, before its requests: the wedge storm (tests/reliability/scripts/wedge_storm.py --url, hang-up storms
-# for STRESS_SECONDS) with the liveness check (GET /health/generate) polled throughout: no stall, no failed probe.
+# for STRESS_SECONDS) with the liveness check (GET /health/generate) polled throughout: no stall, no failed probe;
+# after its requests, a forced tool call (valid JSON of the tool's schema) and a logit_bias request.
 # Run it inside the GPU image:
 #
 #   docker run --rm --gpus all --shm-size=2g -v "$PWD:/work" -w /work \
@@ -215,6 +216,32 @@ print(json.dumps(summary))
 if mismatched:
     sys.exit(f"gpu_smoke: {variant}: streamed text differs from non-streamed for {mismatched}")
 PYEOF
+    if [[ "$variant" == "fp16" ]]; then
+        echo "=== fp16: a forced tool call (its structural tag as EBNF, docs/gpu.md F22) and logit_bias"
+        "$PY" - "$HTTP_PORT" <<'PYEOF'
+import json, sys, urllib.request
+from serving.tools import tool_guide
+
+port = sys.argv[1]
+weather = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+           "additionalProperties": False}
+
+def generate(**inputs):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/ensemble/generate", json.dumps(inputs).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return json.loads(resp.read())["text_output"]
+
+guide = tool_guide([{"name": "get_weather", "parameters": weather}], "required", False)
+text = generate(text_input="The weather in Rome?", max_tokens=64, guided_decoding_guide_type="structural_tag",
+                guided_decoding_guide=json.dumps(guide))
+body = text.removeprefix("<tool_call>").removesuffix("</tool_call>")
+call = json.loads(body)
+assert call["name"] == "get_weather" and call["arguments"]["city"] in ("Paris", "Rome"), text
+forced = generate(text_input="Hello", max_tokens=4, embedding_bias_token_ids=[42], embedding_bias_weights=[100.0])
+print(json.dumps({"tool_call": call, "logit_bias_text": forced}))
+PYEOF
+    fi
     stop_server
 done
 

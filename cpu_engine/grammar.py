@@ -148,6 +148,10 @@ class CompiledGuide:
         # The source, for an engine that compiles guides itself (TensorRT-LLM's executor: GuidedDecodingParams).
         self.guide_type, self.guide = guide_type, guide
 
+    def ebnf(self) -> str:
+        """The guide as an EBNF grammar (xgrammar's own printing of it, which its EBNF parser reads back)."""
+        return str(self._grammar.grammar)
+
     def matcher(self, end_id: int | None = None) -> Matcher:
         """A fresh matcher. When the guide is complete only the stop token is allowed: ``end_id`` (the request's),
         else the tokenizer's end-of-sequence tokens."""

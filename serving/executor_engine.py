@@ -42,8 +42,7 @@ from cpu_engine.stop_strings import StopStrings
 CANCEL_POLL_S = 0.02  # as the CPU engine: how stale a client's cancellation may be
 AWAIT_S = 0.1  # await_responses' timeout: how soon the response thread notices a shutdown
 PROBE_PRIORITY = 1.0  # the executor's highest; a liveness probe is scheduled before any waiting request
-_GUIDE_TYPES = {"json": "JSON", "json_schema": "JSON_SCHEMA", "regex": "REGEX", "ebnf_grammar": "EBNF_GRAMMAR",
-                "structural_tag": "STRUCTURAL_TAG"}
+_GUIDE_TYPES = {"json": "JSON", "json_schema": "JSON_SCHEMA", "regex": "REGEX", "ebnf_grammar": "EBNF_GRAMMAR"}
 
 
 def _flag(params: dict[str, str], key: str) -> bool | None:
@@ -220,9 +219,13 @@ class ExecutorEngine:
             "priority": PROBE_PRIORITY if request.probe else None,
         }
         if request.guide is not None:
-            kind = trtllm.GuidedDecodingParams.GuideType
-            kwargs["guided_decoding_params"] = trtllm.GuidedDecodingParams(
-                getattr(kind, _GUIDE_TYPES[request.guide.guide_type]), request.guide.guide or None)
+            kind, guide_type, guide = trtllm.GuidedDecodingParams.GuideType, request.guide.guide_type, request.guide.guide
+            if guide_type == "structural_tag":
+                # As the EBNF grammar xgrammar compiles the tag to: the C++ runtime's guided decoder compiles EBNF in
+                # every release seen, while STRUCTURAL_TAG is missing from some and refused by the newest (docs/gpu.md).
+                guide_type, guide = "ebnf_grammar", request.guide.ebnf()
+            kwargs["guided_decoding_params"] = trtllm.GuidedDecodingParams(getattr(kind, _GUIDE_TYPES[guide_type]),
+                                                                           guide or None)
         return trtllm.Request(list(request.prompt_ids), request.max_new_tokens,
                               **{k: v for k, v in kwargs.items() if v is not None})
 

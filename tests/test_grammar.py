@@ -165,6 +165,23 @@ def test_structural_tag_guide_constrains_only_what_follows_its_trigger(grammars,
     assert accepts(grammars, tokenizer, "structural_tag", TOOL_TAG, text) is ok
 
 
+@pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "get_weather"}}])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_tool_guide_as_ebnf_allows_exactly_what_the_tag_allows(grammars, tokenizer, choice, parallel):
+    """The GPU layout hands a tool guide to TensorRT-LLM as the EBNF grammar xgrammar prints for it
+    (serving/executor_engine.py): reading that text back must give the same language."""
+    from serving.tools import tool_guide
+
+    tag = json.dumps(tool_guide([{"name": "get_weather", "parameters": WEATHER}], choice, parallel))
+    ebnf = grammars.compile("structural_tag", tag).ebnf()
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    assert accepts(grammars, tokenizer, "ebnf_grammar", ebnf, call)
+    for text in ("It is sunny.", call, "Let me look. " + call, call + call, call[:-3],
+                 call.replace('"Paris"', "3")):
+        assert accepts(grammars, tokenizer, "ebnf_grammar", ebnf, text) is \
+            accepts(grammars, tokenizer, "structural_tag", tag, text), text
+
+
 def test_the_same_guide_compiles_once(grammars):
     schema = json.dumps(BOUNDED)
     assert grammars.compile("json_schema", schema) is grammars.compile("json_schema", schema)
