@@ -86,6 +86,10 @@ LLM_OUTPUTS = (
 ) + ENSEMBLE_OUTPUTS
 # preprocessing turns every ensemble input into the LLM input of the same meaning (all always present).
 PREPROCESSING_OUTPUTS = tuple(TensorSpec(t.name, t.dtype, t.dims) for t in LLM_INPUTS)
+# Called directly (not through the ensemble), preprocessing is the model's tokenizer: a prompt or a chat in, its
+# input_ids out (the front door's /tokenize); token_ids in, their text out (/detokenize).
+DETOKENIZE_INPUTS = (_t("token_ids", "INT32", (-1,), True),)
+DETOKENIZE_OUTPUTS = (_t("detokenized_text", "STRING"),)
 
 
 def _io(spec: TensorSpec, kind):
@@ -115,7 +119,8 @@ def _python_model(name: str, max_batch_size: int, inputs, outputs, instances: in
 
 
 def preprocessing_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
-    cfg = _python_model("preprocessing", p.max_batch_size, ENSEMBLE_INPUTS, PREPROCESSING_OUTPUTS,
+    cfg = _python_model("preprocessing", p.max_batch_size, ENSEMBLE_INPUTS + DETOKENIZE_INPUTS,
+                        PREPROCESSING_OUTPUTS + DETOKENIZE_OUTPUTS,
                         p.preprocessing.instances,
                         {"tokenizer_dir": p.tokenizer_dir, "max_input_len": limits["max_input_len"],
                          "max_seq_len": limits["max_seq_len"], "vocab_size": limits["vocab_size"]})

@@ -71,6 +71,10 @@ class Tokenizer:
         self._backend.encode_special_tokens = split_special_tokens
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens included (as transformers' ``decode`` by default)."""
+        return self._backend.decode(ids, skip_special_tokens=False)
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False,
                             tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
         """The conversation rendered by the chat template, as ``apply_chat_template(tokenize=False, tools=...,

@@ -269,7 +269,8 @@ CHAT_ERRORS = [
     ({"messages": "{\"role\": \"user\", \"content\": \"hi\"}"}, "messages must be a JSON array"),
     ({"messages": "[]"}, "messages is an empty array"),
     ({"messages": "[\"hi\"]"}, "messages[0] must be an object"),
-    ({"messages": "[{\"role\": \"tool\", \"content\": \"hi\"}]"}, "allowed roles are system, user, assistant"),
+    ({"messages": "[{\"role\": \"function\", \"content\": \"hi\"}]"}, "allowed roles are system, user, assistant"),
+    ({"messages": "[{\"role\": \"tool\", \"content\": \"hi\"}]"}, "a tool result without a tool_call_id"),
     ({"messages": "[{\"role\": \"user\", \"content\": 5}]"}, "messages[0].content must be a string"),
     ({"messages": LONG_CHAT}, "tokens long; this engine accepts at most 192 input tokens"),
 ]

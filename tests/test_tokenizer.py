@@ -182,7 +182,7 @@ def test_preprocessing_starts_without_transformers_or_torch(tiny_checkpoint):
         spec = importlib.util.spec_from_file_location("preprocessing_model", {str(model_py)!r})
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        params = {{"tokenizer_dir": {str(tiny_checkpoint)!r}, "max_input_len": "192", "max_seq_len": "256"}}
+        params = {{"tokenizer_dir": {str(tiny_checkpoint)!r}, "max_input_len": "192", "max_seq_len": "256", "vocab_size": "512"}}
         config = json.dumps({{"parameters": {{k: {{"string_value": v}} for k, v in params.items()}}}})
         model = module.TritonPythonModel()
         model.initialize({{"model_name": "preprocessing", "model_config": config}})

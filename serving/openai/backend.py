@@ -7,12 +7,15 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import tritonclient.grpc.aio as grpcclient_aio
+from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
 from client import AsyncLLMClient
 
 ENSEMBLE = "ensemble"
+PREPROCESSING = "preprocessing"  # called directly, it is the model's tokenizer (builders/triton_config.py)
 # The default max_tokens of /v1/completions: OpenAI's documented default for that endpoint.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 HEALTH_TIMEOUT_S = 2.0
@@ -73,6 +76,31 @@ class Backend:
         except (InferenceServerException, TimeoutError):
             return False
 
+    async def tokenize(self, text_input: str | None, messages: str | None, tools: str | None,
+                       template_kwargs: str | None) -> list[int]:
+        """The prompt's token ids as the ensemble makes them (a chat through its template): preprocessing's own
+        ``input_ids``. Raises InferenceServerException (INVALID_ARG for what the client must fix)."""
+        named = {"text_input": text_input, "messages": messages, "tools": tools, "chat_template_kwargs": template_kwargs}
+        inputs = [_bytes_input(name, value) for name, value in named.items() if value is not None]
+        max_tokens = InferInput("max_tokens", [1, 1], "INT32")
+        max_tokens.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+        result = await self._meta.infer(PREPROCESSING, [*inputs, max_tokens],
+                                        outputs=[InferRequestedOutput("input_ids")])
+        return result.as_numpy("input_ids").reshape(-1).tolist()
+
+    async def detokenize(self, ids: list[int]) -> str:
+        """The text of ``ids`` (preprocessing's tokenizer). Raises InferenceServerException."""
+        tokens = InferInput("token_ids", [1, len(ids)], "INT32")
+        tokens.set_data_from_numpy(np.array([ids], dtype=np.int32))
+        result = await self._meta.infer(PREPROCESSING, [tokens], outputs=[InferRequestedOutput("detokenized_text")])
+        return result.as_numpy("detokenized_text").reshape(-1)[0].decode("utf-8")
+
     async def close(self) -> None:
         await self.client.close()
         await self._meta.close()
+
+
+def _bytes_input(name: str, text: str) -> InferInput:
+    tensor = InferInput(name, [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=object))
+    return tensor

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from tritonclient.utils import InferenceServerException
+
 from client import GenerationError, ServerUnavailableError
 from serving.drain import SHUTTING_DOWN
 
@@ -117,6 +119,19 @@ def from_triton(exc: Exception, prompt_param: str, renamed: Mapping[str, str] | 
     if isinstance(exc, GenerationError) and not _engine_failed(message) and _is_request_error(message):
         param = _named_param(message)
         return bad_request(message, param=(renamed or {}).get(param, param), code="invalid_value")
+    return OpenAIError(500, f"The model server failed the request: {message}", code="engine_error")
+
+
+def from_tokenizer(exc: InferenceServerException, param: str) -> OpenAIError:
+    """A failed direct call of preprocessing (/tokenize, /detokenize): Triton's gRPC status says whose fault it is."""
+    status, message = str(exc.status() or ""), exc.message() or str(exc)
+    if "INVALID_ARG" in status:
+        if "input tokens (max_input_len)" in message:
+            return context_length_exceeded(f"This model's maximum context length was exceeded: {message}", param)
+        return bad_request(message, param=param, code="invalid_value")
+    if "UNAVAILABLE" in status:
+        return unavailable(f"The model server is unavailable: {message}",
+                           "draining" if SHUTTING_DOWN in message else "triton_unavailable")
     return OpenAIError(500, f"The model server failed the request: {message}", code="engine_error")
 
 

@@ -578,6 +578,47 @@ class ModelList(_Response):
     data: list[ModelCard]
 
 
+# ----------------------------------------------------------------------- /tokenize and /detokenize (vLLM's shapes)
+
+class TokenizeRequest(_Request):
+    """A prompt, or a chat (rendered by the chat template with its tools, as chat completions render it)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[ToolDefinition] | None = None
+    chat_template_kwargs: dict | None = None
+    # vLLM's switches, at the only values this server renders with (a chat always ends with the assistant's turn
+    # opened; a prompt gets what tokenizer.json adds): other values are refused by name.
+    add_generation_prompt: Literal[True] | None = None
+    add_special_tokens: Literal[True] | None = None
+    return_token_strs: Literal[False] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise bad_request("send exactly one of 'prompt' and 'messages'", param="prompt")
+        if self.prompt is not None and (self.tools or self.chat_template_kwargs):
+            raise bad_request("'tools' and 'chat_template_kwargs' go with 'messages'", param="tools")
+        return self
+
+
+class TokenizeResponse(_Response):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: None = None
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(_Response):
+    prompt: str
+
+
 # ------------------------------------------------------------------------------------------ the Responses API
 
 # Asks for server-side state or hosted features: refused by name unless it asks for nothing.

@@ -23,17 +23,19 @@ from starlette.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from tritonclient.utils import InferenceServerException
 
 from client import Completion, Guide, SamplingParams, TokenLogprob, TopLogprob
 from serving.openai.backend import COMPLETIONS_DEFAULT_MAX_TOKENS, Backend, ModelInfo
-from serving.openai.errors import OpenAIError, bad_request, context_length_exceeded, from_triton, from_validation, \
-    unavailable
+from serving.openai.errors import (OpenAIError, bad_request, context_length_exceeded, from_tokenizer, from_triton,
+                                   from_validation, unavailable)
 from serving.openai.metrics import FrontDoorMetrics
 from serving.openai.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
                                      ChatCompletionChunk, ChatCompletionRequest, ChoiceLogprobs, CompletionChoice,
-                                     CompletionLogprobs, CompletionRequest, Delta, DeltaFunction, DeltaToolCall,
-                                     FunctionCall, ModelCard, ModelList, ResponsesRequest, TextCompletion, ToolCallOut,
-                                     Usage, json_logprob)
+                                     CompletionLogprobs, CompletionRequest, Delta, DetokenizeRequest,
+                                     DetokenizeResponse, DeltaFunction, DeltaToolCall, FunctionCall, ModelCard,
+                                     ModelList, ResponsesRequest, TextCompletion, TokenizeRequest, TokenizeResponse,
+                                     ToolCallOut, Usage, json_logprob)
 from serving.openai.responses import ResponseBuilder
 from serving.openai.streaming import ChoiceText, ClientGone, Generation, Tasks, unless_disconnected
 from serving.openai.tool_parser import CallDelta, ToolCallParser
@@ -41,8 +43,8 @@ from serving.tools import ToolError, functions, tool_guide
 
 OPEN_PATHS = frozenset({"/health", "/health/live"})  # no API key: probes
 UNCOUNTED_PATHS = OPEN_PATHS | {"/metrics"}  # still answered while draining, not waited for
-ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/health/live",
-                    "/metrics"})
+ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize",
+                    "/detokenize", "/health", "/health/live", "/metrics"})
 # A Responses request's parameters under their chat names (errors name what the client sent).
 _RESPONSES_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 MAX_BODY_BYTES = 8 * 2**20
@@ -381,6 +383,42 @@ def create_app(front: FrontDoor, cors_origins: Sequence[str] = ()) -> FastAPI:
         params = _sampling(req, info, CONTEXT_END)
         messages = [m.plain() for m in req.messages]
         return await _generate(request, CHAT, req, info, params, messages)
+
+    def served(model: str | None) -> ModelInfo:
+        info = front.info()
+        if model is not None and model != info.id:
+            raise OpenAIError(404, f"The model '{model}' does not exist; this server serves '{info.id}'",
+                              param="model", code="model_not_found")
+        return info
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """vLLM's /tokenize: the ids the model would get for this prompt or chat."""
+        req = await _parse(request, TokenizeRequest)
+        info = served(req.model)
+        messages = None if req.messages is None else json.dumps([m.plain() for m in req.messages], ensure_ascii=False)
+        tools = json.dumps([t.openai() for t in req.tools], ensure_ascii=False) if req.tools else None
+        kwargs = json.dumps(req.chat_template_kwargs) if req.chat_template_kwargs else None
+        try:
+            ids = await front.backend.tokenize(req.prompt, messages, tools, kwargs)
+        except InferenceServerException as exc:
+            raise from_tokenizer(exc, "prompt" if req.prompt is not None else "messages") from None
+        return JSONResponse(TokenizeResponse(count=len(ids), max_model_len=info.max_seq_len, tokens=ids).model_dump())
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        """vLLM's /detokenize: the text of token ids."""
+        req = await _parse(request, DetokenizeRequest)
+        info = served(req.model)
+        beyond = [token for token in req.tokens if not 0 <= token < info.vocab_size]
+        if beyond:
+            raise bad_request(f"'tokens' holds {beyond[0]}, which is not a token id of this model (0 to "
+                              f"{info.vocab_size - 1})", param="tokens", code="invalid_value")
+        try:
+            text = await front.backend.detokenize(req.tokens)
+        except InferenceServerException as exc:
+            raise from_tokenizer(exc, "tokens") from None
+        return JSONResponse(DetokenizeResponse(prompt=text).model_dump())
 
     @app.post("/v1/responses")
     async def responses(request: Request):

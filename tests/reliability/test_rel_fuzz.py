@@ -119,8 +119,10 @@ def test_malformed_word_lists_fail_only_with_value_error(flat, offsets):
 @fuzz("stop_words")
 @given(data=st.data())
 def test_stop_words_match_on_bytes_at_the_first_occurrence(table, data):
-    """cpu_engine's matcher (LLMEngine._hits_stop_word), driven token by token like the engine does."""
+    """cpu_engine's matcher (LLMEngine._hits_stop_word over cpu_engine/stop_strings.py), driven token by token like
+    the engine does."""
     from cpu_engine.engine import LLMEngine
+    from cpu_engine.stop_strings import StopStrings
 
     printable = [i for i, b in enumerate(table) if b]
     stream = data.draw(st.lists(st.sampled_from(printable), min_size=1, max_size=40))
@@ -129,7 +131,7 @@ def test_stop_words_match_on_bytes_at_the_first_occurrence(table, data):
                                max_size=3))
     stops = [text[a:a + n] for a, n in picks] + data.draw(st.lists(st.binary(min_size=1, max_size=4), max_size=2))
     engine = SimpleNamespace(token_bytes=table)
-    seq = SimpleNamespace(request=SimpleNamespace(stop_words=[[0]] * len(stops)), stop_bytes=stops, tail=b"",
+    seq = SimpleNamespace(request=SimpleNamespace(stop_words=[[0]] * len(stops)), stops=StopStrings(stops),
                           output_ids=[])
     hit_at = None
     for n, token in enumerate(stream, start=1):
@@ -237,7 +239,7 @@ def preprocessing(tiny_checkpoint):
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         model = module.TritonPythonModel()
-        params = {"tokenizer_dir": str(tiny_checkpoint), "max_input_len": "192", "max_seq_len": "256"}
+        params = {"tokenizer_dir": str(tiny_checkpoint), "max_input_len": "192", "max_seq_len": "256", "vocab_size": "512"}
         config = json.dumps({"parameters": {k: {"string_value": v} for k, v in params.items()}})
         model.initialize({"model_name": "preprocessing", "model_config": config})
         yield model

@@ -75,10 +75,20 @@ class TritonPythonModel:
                 responses.append(shutting_down_response())
                 continue
             try:
-                responses.append(pb_utils.InferenceResponse(output_tensors=self._preprocess(request)))
+                ids = single_row(request, "token_ids")
+                outputs = self._preprocess(request) if ids is None else self._detokenize(ids)
+                responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
             except (RequestError, ValueError) as exc:
                 responses.append(error_response(exc))
         return responses
+
+    def _detokenize(self, ids: np.ndarray) -> list:
+        """A direct call with ``token_ids`` (the front door's /detokenize): their text, and nothing else."""
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise RequestError(f"token_ids must be token ids in [0, {self.vocab_size}), got min {ids.min()} max "
+                               f"{ids.max()}")
+        text = self.tokenizer.decode([int(i) for i in ids.reshape(-1)])
+        return [pb_utils.Tensor("detokenized_text", np.array([[text.encode("utf-8")]], dtype=object))]
 
     def _words(self, row) -> np.ndarray:
         ids = [self.tokenizer.encode(w, add_special_tokens=False, split_special_tokens=True) for w in _texts(row) if w]
