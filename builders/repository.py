@@ -13,20 +13,13 @@ from .profile import PROJECT_ROOT, ServingProfile
 MODEL_SOURCES = PROJECT_ROOT / "model_repository"
 
 
-def engine_limits(profile: ServingProfile) -> dict:
-    config = read_config(profile.engine_dir)
-    build = config["build_config"]
-    return {**{key: build[key] for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")},
-            "vocab_size": config["pretrained_config"]["vocab_size"]}
-
-
 def model_configs(profile: ServingProfile):
     """(model name, source folder in model_repository/ or None, ModelConfig) for every model."""
     if profile.target == "trtllm":
         from .trtllm.layout import model_configs_trtllm
 
         return model_configs_trtllm(profile)
-    limits = engine_limits(profile)
+    limits = tc.engine_limits(read_config(profile.engine_dir))
     return [
         ("preprocessing", "preprocessing", tc.preprocessing_config(profile, limits)),
         (profile.llm_model_name, "llm", tc.llm_config(profile, limits)),

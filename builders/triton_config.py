@@ -92,6 +92,19 @@ DETOKENIZE_INPUTS = (_t("token_ids", "INT32", (-1,), True),)
 DETOKENIZE_OUTPUTS = (_t("detokenized_text", "STRING"),)
 
 
+LIMIT_KEYS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
+
+
+def engine_limits(config: dict) -> dict:
+    """What the configs are rendered with, from an engine ``config.json`` (the CPU engine's or TensorRT-LLM's, one
+    schema): the build's four limits and the vocabulary's size."""
+    build = config["build_config"]
+    missing = [k for k in LIMIT_KEYS if k not in build]
+    if missing:
+        raise ValueError(f"engine config.json has no build_config.{', '.join(missing)}: not an engine config")
+    return {**{k: build[k] for k in LIMIT_KEYS}, "vocab_size": config["pretrained_config"]["vocab_size"]}
+
+
 def _io(spec: TensorSpec, kind):
     msg = kind(name=spec.name, data_type=getattr(mc, f"TYPE_{spec.dtype}"), dims=list(spec.dims))
     if spec.optional:

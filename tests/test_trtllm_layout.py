@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from builders import triton_config as tc
 from builders.profile import ServingProfile
 from builders.repository import render_repository
-from builders.trtllm.layout import BUDGET_FILE, TRTLLM_BINDINGS, engine_limits, model_configs_trtllm
+from builders.trtllm.layout import BUDGET_FILE, TRTLLM_BINDINGS, model_configs_trtllm
 from builders.trtllm.options import GpuProfile, TrtllmOptions
 from builders.trtllm.pins import EXECUTOR_WORKER_PATH
 from builders.trtllm.serve import server_command
@@ -101,7 +101,7 @@ def test_rendered_configs_parse_and_carry_limits(fixture):
     # preprocessing and the ensemble are exactly the CPU ones
     profile = profile_for(engine_dir)
     assert configs["ensemble"][1] == tc.ensemble_config(profile)
-    assert configs["preprocessing"][1] == tc.preprocessing_config(profile, engine_limits(cfg))
+    assert configs["preprocessing"][1] == tc.preprocessing_config(profile, tc.engine_limits(cfg))
 
 
 def test_budget_fills_max_tokens_in_paged_kv_cache(tmp_path):

@@ -44,15 +44,6 @@ def engine_info(engine_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
-def engine_limits(engine_cfg: dict) -> dict:
-    build = engine_cfg["build_config"]
-    missing = [k for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens") if k not in build]
-    if missing:
-        raise ValueError(f"engine config.json has no build_config.{', '.join(missing)}: not an engine config")
-    return {**{k: build[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")},
-            "vocab_size": engine_cfg["pretrained_config"]["vocab_size"]}
-
-
 def paged_context_fmha(engine_cfg: dict) -> bool:
     """Whether the engine was built with paged context FMHA (what the runtime reads; the builder may have turned
     it off whatever trtllm-build was told, see rules.py)."""
@@ -97,7 +88,7 @@ def llm_config_trtllm(profile: ServingProfile, options: TrtllmOptions, engine_cf
     if profile.llm.instances != 1:
         raise ValueError(f"profile {profile.name!r}: the GPU layout runs one llm instance (it owns the executor, which "
                          f"places itself on the GPUs), not {profile.llm.instances}")
-    limits = engine_limits(engine_cfg)
+    limits = tc.engine_limits(engine_cfg)
     cfg = tc.llm_config(profile, limits)
     tokenizer_info = find_tokenizer_info(profile.engine_dir)
     params = {
@@ -131,7 +122,7 @@ def model_configs_trtllm(profile: ServingProfile, options: TrtllmOptions | None 
         raise ValueError(f"profile {profile.name!r} has target {profile.target!r}, not trtllm")
     options = options or saved_options(profile.engine_dir) or TrtllmOptions()
     engine_cfg = engine_cfg if engine_cfg is not None else engine_info(profile.engine_dir)
-    limits = engine_limits(engine_cfg)
+    limits = tc.engine_limits(engine_cfg)
     return [
         ("preprocessing", "preprocessing", tc.preprocessing_config(profile, limits)),
         (profile.llm_model_name, "llm",
