@@ -119,22 +119,52 @@ def _unenforced(schema: object, path: tuple) -> Iterator[tuple[tuple, str, str]]
                 yield from _unenforced(sub, (*path, keyword, name))
 
 
+_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
+
+
+class SurrogateGuard:
+    """xgrammar 0.2.9 takes the bytes of a UTF-16 surrogate (ED A0-BF xx: not UTF-8) as one character of a string or
+    character class; seen, a name under ``maxLength: 8`` that decoded to 10 characters, three of them U+FFFD. The
+    guard masks that byte pair inside a token at every step, and across two: after a token ending in ED, no token
+    starting with A0-BF."""
+
+    def __init__(self, decoded_vocab: list[bytes], vocab_size: int):
+        self.always = new_bitmask(1, vocab_size)[0]  # allowed at every step
+        self.after_lead = new_bitmask(1, vocab_size)[0]  # allowed right after a token ending in ED
+        self.ends_in_lead = set()
+        for token, text in enumerate(decoded_vocab):
+            if _SURROGATE.search(text):
+                _disallow(self.always, token)
+            if text[:1] and 0xA0 <= text[0] <= 0xBF:
+                _disallow(self.after_lead, token)
+            if text.endswith(b"\xed"):
+                self.ends_in_lead.add(token)
+
+
 class Matcher:
     """One sequence's place in its guide."""
 
-    def __init__(self, matcher: xgr.GrammarMatcher, allowed: torch.Tensor | None = None):
+    def __init__(self, matcher: xgr.GrammarMatcher, allowed: torch.Tensor, guard: SurrogateGuard):
         self._matcher = matcher
-        self._allowed = allowed  # a bitmask row ANDed into every step's (JSON guides: no control characters)
+        self._allowed = allowed  # a bitmask row ANDed into every step's (the guard's; JSON: no control characters)
+        self._guard = guard
+        self._after_lead = False  # the last token ended in ED
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the tokens allowed next into ``bitmask[row]``."""
         self._matcher.fill_next_token_bitmask(bitmask, row)
-        if self._allowed is not None:
-            bitmask[row] &= self._allowed
+        bitmask[row] &= self._allowed
+        if self._after_lead:
+            bitmask[row] &= self._guard.after_lead
 
     def accept(self, token: int) -> bool:
         """Advance by ``token``; False (and no change) when the guide does not allow it."""
-        return self._matcher.accept_token(token)
+        if self._after_lead and not int(self._guard.after_lead[token // 32]) >> (token % 32) & 1:
+            return False
+        accepted = self._matcher.accept_token(token)
+        if accepted:
+            self._after_lead = token in self._guard.ends_in_lead
+        return accepted
 
     def finished(self) -> bool:
         """The output is complete and the stop token was accepted: the sequence ends here."""
@@ -142,9 +172,10 @@ class Matcher:
 
 
 class CompiledGuide:
-    def __init__(self, grammar: xgr.CompiledGrammar, guide_type: str, guide: str, allowed: torch.Tensor | None = None):
+    def __init__(self, grammar: xgr.CompiledGrammar, guide_type: str, guide: str, allowed: torch.Tensor,
+                 guard: SurrogateGuard):
         self._grammar = grammar
-        self._allowed = allowed
+        self._allowed, self._guard = allowed, guard
         # The source, for an engine that compiles guides itself (TensorRT-LLM's executor: GuidedDecodingParams).
         self.guide_type, self.guide = guide_type, guide
 
@@ -155,7 +186,7 @@ class CompiledGuide:
     def matcher(self, end_id: int | None = None) -> Matcher:
         """A fresh matcher. When the guide is complete only the stop token is allowed: ``end_id`` (the request's),
         else the tokenizer's end-of-sequence tokens."""
-        return Matcher(xgr.GrammarMatcher(self._grammar, override_stop_tokens=end_id), self._allowed)
+        return Matcher(xgr.GrammarMatcher(self._grammar, override_stop_tokens=end_id), self._allowed, self._guard)
 
 
 class Grammars:
@@ -171,9 +202,10 @@ class Grammars:
         # (seen: U+0005, U+0014 in generated strings), which strict parsers refuse. Those tokens are masked out of
         # every step of a json / json_schema guide.
         self.control_tokens = control_tokens(info.decoded_vocab)
-        self._json_allowed = new_bitmask(1, vocab_size)[0]
+        self._guard = SurrogateGuard(info.decoded_vocab, vocab_size)
+        self._json_allowed = self._guard.always.clone()
         for token in self.control_tokens:
-            self._json_allowed[token // 32] &= ~(1 << (token % 32))
+            _disallow(self._json_allowed, token)
         # One compile thread (it runs on a request thread beside the engine); the cache is ours, keyed by the guide.
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._cached = functools.lru_cache(maxsize=cache_size)(self._compile)
@@ -220,7 +252,8 @@ class Grammars:
         except RuntimeError as error:  # xgrammar's compile errors, with a C++ source location in front
             raise GuideError(f"{guide_type}: {_strip_cxx(error)}") from None
         return CompiledGuide(grammar, guide_type, guide,
-                             self._json_allowed if guide_type in ("json", "json_schema") else None)
+                             self._json_allowed if guide_type in ("json", "json_schema") else self._guard.always,
+                             self._guard)
 
 
 def control_tokens(decoded_vocab: list[bytes]) -> list[int]:
@@ -245,6 +278,10 @@ def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
     """int32 [rows, ceil(vocab_size / 32)], all tokens allowed: token t is allowed in row r when bit t % 32 of word
     t // 32 is set (xgrammar's layout, so matchers fill it directly)."""
     return torch.full((rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def _disallow(row: torch.Tensor, token: int) -> None:
+    row[token // 32] &= ~(1 << (token % 32))
 
 
 _BIT = torch.arange(32, dtype=torch.int32)

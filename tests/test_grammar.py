@@ -182,6 +182,42 @@ def test_a_tool_guide_as_ebnf_allows_exactly_what_the_tag_allows(grammars, token
             accepts(grammars, tokenizer, "structural_tag", tag, text), text
 
 
+def test_a_surrogates_bytes_never_pass_though_xgrammar_takes_them(grammars, tokenizer, real_checkpoint):
+    """xgrammar alone takes ED A0 80 (a UTF-16 surrogate's bytes: not UTF-8) as one character of a JSON string (a
+    CI run's ``maxLength: 8`` name decoded to 10 characters); our matcher allows neither such a token nor, after a
+    token ending in ED, one that starts with A0-BF. The oracle is Python's strict UTF-8 decoder."""
+    import xgrammar as xgr
+
+    schema = json.dumps({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}},
+                         "required": ["name"]})
+    vocab = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=grammars.vocab_size).decoded_vocab
+    bare = xgr.GrammarMatcher(xgr.GrammarCompiler(xgr.TokenizerInfo([])).compile_json_schema(schema))
+    document = b'{"name": " ==*\xed\xa0\x80xdQ"}'
+    assert bare.accept_string(document)  # the upstream bug, still there in the pinned xgrammar
+    with pytest.raises(UnicodeDecodeError):
+        document.decode("utf-8")
+
+    def allowed_after(prefix: str, last: int | None = None) -> set[int]:
+        matcher = grammars.compile("json_schema", schema).matcher(tokenizer.eos_token_id)
+        ids = tokenizer(prefix, add_special_tokens=False).input_ids + ([last] if last is not None else [])
+        assert all(matcher.accept(t) for t in ids)
+        bitmask = new_bitmask(1, grammars.vocab_size)
+        matcher.fill(bitmask, 0)
+        logits = torch.zeros(1, grammars.vocab_size)
+        apply_bitmask(logits, bitmask)
+        return set(torch.nonzero(logits[0] == 0).flatten().tolist())
+
+    lead = vocab.index(b"\xed")
+    in_string = allowed_after('{"name": " ==*')
+    assert lead in in_string  # the lead byte itself may begin a valid character (U+D000-U+D7FF)
+    assert not [t for t in in_string if re.search(rb"\xed[\xa0-\xbf]", vocab[t])]
+    after_lead = allowed_after('{"name": " ==*', lead)
+    assert after_lead and all(0x80 <= vocab[t][0] <= 0x9F for t in after_lead), \
+        sorted({vocab[t][:1] for t in after_lead})
+    for t in after_lead:  # every way on can still make a valid character
+        (b"\xed" + vocab[t][:1] + b"\x80").decode("utf-8")
+
+
 def test_the_same_guide_compiles_once(grammars):
     schema = json.dumps(BOUNDED)
     assert grammars.compile("json_schema", schema) is grammars.compile("json_schema", schema)
