@@ -150,8 +150,9 @@ def llm_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
                          "max_queue_size": p.llm.max_queue_size, "cpu_threads": p.llm.cpu_threads,
                          "drain_timeout_s": p.llm.drain_timeout_s})
     cfg.model_transaction_policy.decoupled = True
-    # execute() only enqueues, so Triton's own queue never grows; the engine's bounded queue rejects.
-    cfg.dynamic_batching.max_queue_delay_microseconds = 0
+    # No dynamic batcher: execute() only enqueues, so Triton's queue stays short without one (the engine's bounded
+    # queue rejects), and Triton 2.51's batcher can sleep out its 500 ms timeout with the instance free (B12 in
+    # docs/reliability.md), which held a client's `stop` that long.
     return cfg
 
 

@@ -51,7 +51,7 @@ def test_rendered_configs_parse_and_have_no_placeholders(model_repository):
     llm = parse_pbtxt((model_repository / "llm" / "config.pbtxt").read_text())
     assert llm.model_transaction_policy.decoupled
     pre = parse_pbtxt((model_repository / "preprocessing" / "config.pbtxt").read_text())
-    assert not pre.HasField("dynamic_batching")  # its 500 ms stall (docs/reliability.md B12)
+    assert not pre.HasField("dynamic_batching") and not llm.HasField("dynamic_batching")  # 500 ms stalls (B12)
     # The llm is the ensemble's last step: no model after it could reorder a stream's responses.
     ensemble = parse_pbtxt((model_repository / "ensemble" / "config.pbtxt").read_text())
     assert [step.model_name for step in ensemble.ensemble_scheduling.step] == ["preprocessing", "llm"]

@@ -676,14 +676,10 @@ class ReasoningItem(_Echo):
     type: Literal["reasoning"]  # echoed from an earlier answer: dropped
 
 
-class FunctionTool(_Request):
-    """The Responses API's function tool: flat, not under ``function``."""
+class FunctionTool(FunctionDefinition):
+    """The Responses API's function tool: the definition itself, flat, not under ``function``."""
 
     type: Literal["function"]
-    name: str
-    description: str | None = None
-    parameters: dict | None = None
-    strict: bool | None = None  # accepted either way: the arguments are always held to the schema
 
 
 class NamedFunctionChoice(_Request):

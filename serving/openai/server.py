@@ -457,14 +457,11 @@ def create_app(front: FrontDoor, cors_origins: Sequence[str] = ()) -> FastAPI:
             _count_tokens(Usage.of(completion.num_input_tokens, completion.num_output_tokens))
             return JSONResponse(builder.response())
         generation = Generation(_work(request, CHAT, chat, messages, params, True), front.tasks)
-        first = asyncio.ensure_future(generation.next())
         try:
-            first_chunk = await unless_disconnected(first, request.receive)
+            first_chunk = await generation.first(request.receive)
         except ClientGone:
-            generation.abandon()
             return Response(status_code=499)
         except Exception as exc:  # noqa: BLE001 - an error before the first token keeps its HTTP status
-            generation.abandon()
             raise _responses_error(exc) from None
         return StreamingResponse(_response_events(builder, generation, first_chunk, names),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
@@ -552,16 +549,12 @@ def create_app(front: FrontDoor, cors_origins: Sequence[str] = ()) -> FastAPI:
                                                                      usage=usage, choices=choices)
             return Response(body.model_dump_json(), media_type="application/json")
 
-        stream = _work(request, kind, req, prompt, params, True)
-        generation = Generation(stream, front.tasks)
-        first = asyncio.ensure_future(generation.next())
+        generation = Generation(_work(request, kind, req, prompt, params, True), front.tasks)
         try:
-            first_chunk = await unless_disconnected(first, request.receive)
+            first_chunk = await generation.first(request.receive)
         except ClientGone:
-            generation.abandon()
             return Response(status_code=499)
         except Exception as exc:  # noqa: BLE001 - an error before the first token keeps its HTTP status
-            generation.abandon()
             raise from_triton(exc, kind.prompt_param, kind.renamed) from None
         return StreamingResponse(_events(kind, req, info, request_id, created, generation, first_chunk, params),
                                  media_type="text/event-stream", headers=SSE_HEADERS)

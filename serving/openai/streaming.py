@@ -66,6 +66,15 @@ class Generation:
             raise item
         return item
 
+    async def first(self, receive: Callable[[], Awaitable[dict]]) -> Chunk | None:
+        """The first chunk, as ``next``; ``ClientGone`` when the HTTP client leaves before it. On either error the
+        Triton request is abandoned."""
+        try:
+            return await unless_disconnected(asyncio.ensure_future(self.next()), receive)
+        except BaseException:
+            self.abandon()
+            raise
+
     @property
     def completions(self) -> list[Completion] | None:
         return self.stream.completions
