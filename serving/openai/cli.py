@@ -17,9 +17,12 @@ import sys
 
 import uvicorn
 
+from serving.openai.engine_metrics import EngineMetricsRelay
 from serving.openai.server import FrontDoor, create_app
 
 CORS_ENV = "LLM_CORS_ORIGINS"
+ENGINE_METRICS_PATH_ENV = "LLM_ENGINE_METRICS_PATH"
+TRITON_METRICS_PORT = 8002
 
 API_KEY_ENV = "LLM_API_KEY"
 
@@ -64,9 +67,17 @@ async def _announce(server: _Server, front: FrontDoor, host: str, port: int) -> 
     print(f"openai front door ready on http://{host}:{port} (model {info.id})", flush=True)
 
 
-async def serve(args: argparse.Namespace) -> int:
-    front = FrontDoor(args.triton, served_model_name=args.served_model_name, api_keys=api_keys_from_env(),
-                      drain_timeout_s=args.drain_timeout)
+def front_door(args: argparse.Namespace) -> FrontDoor:
+    """The front door the arguments describe; ValueError names a bad one."""
+    relay = None
+    if args.engine_metrics_path:
+        metrics_url = args.triton_metrics_url or f"http://{args.triton.rpartition(':')[0]}:{TRITON_METRICS_PORT}/metrics"
+        relay = EngineMetricsRelay(args.engine_metrics_path, metrics_url)
+    return FrontDoor(args.triton, served_model_name=args.served_model_name, api_keys=api_keys_from_env(),
+                     drain_timeout_s=args.drain_timeout, engine_metrics=relay)
+
+
+async def serve(args: argparse.Namespace, front: FrontDoor) -> int:
     cors = [o.strip() for o in (args.cors_origins or "").split(",") if o.strip()]
     config = uvicorn.Config(create_app(front, cors_origins=cors), host=args.host, port=args.port,
                             log_level=args.log_level,
@@ -95,8 +106,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cors-origins", default=os.environ.get(CORS_ENV, ""),
                         help=f"comma-separated origins browsers may call from ('*': any; default ${CORS_ENV}, empty: "
                              "CORS off); preflights are answered before the API-key check")
+    parser.add_argument("--engine-metrics-path", default=os.environ.get(ENGINE_METRICS_PATH_ENV, ""),
+                        help="serve the engine's gauges (queue, running, KV cache; Triton's llm_engine_* and "
+                             "nv_trt_llm_* families) on this path without an API key, for an inference gateway's "
+                             f"endpoint picker (default ${ENGINE_METRICS_PATH_ENV}; empty: off)")
+    parser.add_argument("--triton-metrics-url", default=None, metavar="URL",
+                        help="Triton's metrics endpoint the engine gauges come from (default: the --triton host, "
+                             f"port {TRITON_METRICS_PORT}, /metrics)")
     args = parser.parse_args(argv)
-    return asyncio.run(serve(args))
+    try:
+        front = front_door(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return asyncio.run(serve(args, front))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from client import Completion, Guide, SamplingParams, TokenLogprob, TopLogprob
 from serving.openai.backend import COMPLETIONS_DEFAULT_MAX_TOKENS, Backend, ModelInfo
 from serving.openai.errors import (OpenAIError, bad_request, context_length_exceeded, from_tokenizer, from_triton,
                                    from_validation, unavailable)
+from serving.openai.engine_metrics import EngineMetricsRelay
 from serving.openai.metrics import FrontDoorMetrics
 from serving.openai.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
                                      ChatCompletionChunk, ChatCompletionRequest, ChoiceLogprobs, CompletionChoice,
@@ -48,6 +49,7 @@ ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", 
 # A Responses request's parameters under their chat names (errors name what the client sent).
 _RESPONSES_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 MAX_BODY_BYTES = 8 * 2**20
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 REQUEST_ID_HEADER = "x-request-id"
 # A client's request id is echoed and becomes the Triton request id (logs, `stop`, traces line up): printable ASCII.
@@ -58,7 +60,7 @@ class FrontDoor:
     """The state one front-door process shares: its Triton backend, keys, drain flag, requests in flight."""
 
     def __init__(self, triton_url: str, served_model_name: str | None = None, api_keys: Sequence[str] = (),
-                 drain_timeout_s: float = 30.0):
+                 drain_timeout_s: float = 30.0, engine_metrics: EngineMetricsRelay | None = None):
         self.triton_url = triton_url
         self.served_model_name = served_model_name
         self._keys = [k.encode() for k in api_keys if k]
@@ -69,6 +71,13 @@ class FrontDoor:
         self.draining = False
         self.in_flight = 0
         self._info_task: asyncio.Task | None = None
+        # The engine gauges for a gateway's endpoint picker: without a key, never waited for by the drain.
+        self.engine_metrics = engine_metrics
+        relayed = {engine_metrics.path} if engine_metrics else set()
+        if relayed & ROUTES:
+            raise ValueError(f"the engine metrics path {engine_metrics.path} is one of the API's own routes")
+        self.open_paths = OPEN_PATHS | relayed
+        self.uncounted_paths = UNCOUNTED_PATHS | relayed
 
     # ---- lifecycle (inside the serving event loop)
     async def start(self) -> None:
@@ -121,8 +130,10 @@ class FrontDoorMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
-        route = path if path in ROUTES else ("/v1/models/{model}" if path.startswith("/v1/models/") else "other")
-        front, metrics, start = self.front, self.front.metrics, time.perf_counter()
+        front = self.front
+        route = path if path in ROUTES or path in front.open_paths else (
+            "/v1/models/{model}" if path.startswith("/v1/models/") else "other")
+        metrics, start = front.metrics, time.perf_counter()
         status, sse, first_body = 0, False, None
         headers = dict(scope["headers"])
         # The client's X-Request-Id, else a new one: echoed on every answer, and the Triton request id.
@@ -143,13 +154,13 @@ class FrontDoorMiddleware:
                 first_body = time.perf_counter()
             await send(message)
 
-        counted = path not in UNCOUNTED_PATHS
+        counted = path not in front.uncounted_paths
         try:
             if bad_id:
                 error = bad_request("X-Request-Id must be 1-128 printable ASCII characters without spaces",
                                     param="X-Request-Id", code="invalid_request_id")
                 return await error.response()(scope, receive, send_observed)
-            if path not in OPEN_PATHS and not front.authorized(headers.get(b"authorization")):
+            if path not in front.open_paths and not front.authorized(headers.get(b"authorization")):
                 error = OpenAIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                                     code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 return await error.response()(scope, receive, send_observed)
@@ -360,7 +371,15 @@ def create_app(front: FrontDoor, cors_origins: Sequence[str] = ()) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return Response(front.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(front.metrics.render(), media_type=PROMETHEUS_TEXT)
+
+    if front.engine_metrics is not None:
+        @app.get(front.engine_metrics.path, include_in_schema=False)
+        async def engine_metrics():
+            try:
+                return Response(await front.engine_metrics.render(), media_type=PROMETHEUS_TEXT)
+            except OSError as exc:  # a scrape error for the picker, not an empty page that reads as an idle engine
+                return unavailable(f"The engine's metrics are unavailable: {exc}", "metrics_unavailable").response()
 
     def card(info: ModelInfo) -> ModelCard:
         return ModelCard(id=info.id, created=info.created, max_model_len=info.max_seq_len)
