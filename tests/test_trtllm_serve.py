@@ -15,7 +15,8 @@ from builders.trtllm import build as build_mod
 from builders.trtllm.options import TrtllmOptions
 from builders.trtllm.pins import (CONVERT_SCRIPT, DEFAULT_TRTLLM_SRC, IMAGE_TRTLLM_SRC_ROOTS, QUANTIZE_SCRIPT,
                                   TRTLLM_VERSION)
-from builders.trtllm.serve import ORCHESTRATOR_FLAGS, server_command
+from builders.trtllm.multinode import SSH_DIR, SSH_PORT, GroupHosts
+from builders.trtllm.serve import ORCHESTRATOR_FLAGS, WORKER_RANK_FLAGS, server_command
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = Path(__file__).parent / "fixtures" / "trtllm" / "engines"
@@ -38,7 +39,7 @@ def _ranks(argv: list[str]) -> list[list[str]]:
     """Split an mpirun argv into the per-rank tritonserver argvs (after each ``-n 1``)."""
     assert argv[:2] == ["mpirun", "--allow-run-as-root"]
     ranks, cur = [], None
-    for a in argv[2:]:
+    for a in argv[argv.index("-n"):]:  # after mpirun's own options
         if a == ":":
             ranks.append(cur)
             cur = None
@@ -63,7 +64,11 @@ def test_leader_mode_matches_launch_triton_server():
         # like get_cmd: every rank has --disable-auto-complete-config and its own Python shm prefix, once
         assert rank.count("--disable-auto-complete-config") == 1
         assert rank[-1] == f"--backend-config=python,shm-region-prefix-name=prefix{i}_"
-        assert [a for a in rank if a.startswith("--http-port=")] == ["--http-port=8000"]  # same ports everywhere
+        # Rank 0 serves the ports; get_cmd gives every rank the same ones, where the C++ backend's worker ranks block
+        # while loading. Our llm (Python) loads on a worker rank, so its tritonserver opens no endpoint instead.
+        ports = [a for a in rank if a.startswith(("--http-port=", "--grpc-port=", "--metrics-port="))]
+        assert ports == (["--http-port=8000", "--grpc-port=8001", "--metrics-port=8002"] if i == 0 else [])
+        assert all(f in rank for f in WORKER_RANK_FLAGS) == (i > 0)
         control = [a for a in rank if a.startswith("--model-control-mode=")]
         if i == 0:
             # the launcher leaves rank 0 at Triton's default control mode, which is "none": we say it
@@ -84,6 +89,37 @@ def test_orchestrator_mode_matches_launch_triton_server():
     assert [a for a in argv if a.startswith("--cuda-memory-pool-byte-size=")] == \
         [f"--cuda-memory-pool-byte-size={j}:0" for j in range(4)]
     assert "--model-control-mode=none" in argv and len(argv) == len(set(argv))
+
+
+LWS_ENV = {"LWS_LEADER_ADDRESS": "llm-triton-llm-0.llm-triton-llm.serving", "LWS_GROUP_SIZE": "2",
+           "LWS_WORKER_INDEX": "0"}
+
+
+def test_a_leaderworkerset_group_places_the_ranks_over_ssh():
+    """multiGpuMode leader on a LeaderWorkerSet of 2 pods × 1 GPU (the chart's worker pods run
+    ``python -m builders.trtllm worker``, an sshd): rank 0 with the ports on the leader, rank 1 on worker 1."""
+    group = GroupHosts.from_env(LWS_ENV, gpus_per_host=1)
+    assert group.hosts == ["llm-triton-llm-0.llm-triton-llm.serving", "llm-triton-llm-0-1.llm-triton-llm.serving"]
+    argv, env = server_command("/repo", TP2, TrtllmOptions(multi_gpu_mode="leader"), _launcher_base(), group=group)
+    head = argv[:argv.index("-n")]
+    assert head[:2] == ["mpirun", "--allow-run-as-root"] and env == {}
+    assert head[head.index("--host") + 1] == "llm-triton-llm-0.llm-triton-llm.serving:1,llm-triton-llm-0-1.llm-triton-llm.serving:1"
+    assert head[head.index("--map-by") + 1] == "slot" and "plm_rsh_agent" in head
+    rsh = head[head.index("plm_rsh_args") + 1]
+    assert f"-p {SSH_PORT}" in rsh and f"-i {SSH_DIR}/id_rsa" in rsh
+    ranks = _ranks(argv)
+    assert len(ranks) == 2 and "--http-port=8000" in ranks[0] and "--load-model=llm" in ranks[1]
+    # the split the chart relies on: the ranks are the same as without a group, only placed
+    plain, _ = server_command("/repo", TP2, TrtllmOptions(multi_gpu_mode="leader"), _launcher_base())
+    assert _ranks(plain) == ranks
+
+
+def test_a_group_must_hold_the_engine_ranks():
+    assert GroupHosts.from_env({**LWS_ENV, "LWS_GROUP_SIZE": "1"}, 2) is None  # one pod: every rank local
+    assert GroupHosts.from_env({}, 2) is None
+    with pytest.raises(ValueError, match="2 ranks"):
+        server_command("/repo", TP2, TrtllmOptions(multi_gpu_mode="leader"), _launcher_base(),
+                       group=GroupHosts.from_env({**LWS_ENV, "LWS_GROUP_SIZE": "2"}, 2))
 
 
 def test_single_gpu_is_one_plain_tritonserver():

@@ -7,6 +7,7 @@
     serve           container entry point: check engines, then exec tritonserver
     standin         render the GPU repository over a CPU engine (stand-in executor; make serve LAYOUT=…)
     variants        the variants this machine's GPU (or --gpu) supports, one per line
+    worker          a multi-node group's worker pod: sshd for the leader's mpirun (builders/trtllm/multinode.py)
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         from .serve import serve_main
 
         return serve_main(argv[1:])
+    if argv[0] == "worker":
+        from .multinode import worker_main
+
+        return worker_main(argv[1:])
     if argv[0] in commands:
         return commands[argv[0]](argv[1:])
     print(f"unknown command {argv[0]!r}\n{__doc__}", file=sys.stderr)

@@ -20,17 +20,24 @@ import re
 import sys
 from pathlib import Path
 
+from .multinode import GroupHosts
+
 NGC_ROOT = Path("/opt/tritonserver")
 #: Flags TensorRT-LLM's ``triton_backend/scripts/launch_triton_server.py`` (``add_multi_model_config``) adds when
 #: the backend spawns its own MPI workers (``--multi-model`` without ``--disable-spawn-processes``, i.e.
 #: TRTLLM_ORCHESTRATOR=1 with TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1, on Triton > 24.06): no pinned or per-GPU
 #: CUDA memory pool in the tritonserver process and no peer access, leaving GPU memory to the spawned workers.
 ORCHESTRATOR_FLAGS = ("--pinned-memory-pool-byte-size=0", "--enable-peer-access=false")
-
-
+#: Ranks > 0 serve nothing: our ``llm`` (a Python model) finishes loading on a worker rank, where the C++ backend's
+#: model blocks in its constructor, so their tritonservers would go on to bind rank 0's ports (the same pod) or open
+#: ports nobody calls (another pod of the group).
+WORKER_RANK_FLAGS = ("--allow-http=false", "--allow-grpc=false", "--allow-metrics=false")
+#: The flags of the endpoints a worker rank does not open.
+_ENDPOINT_FLAGS = ("--http-", "--grpc-", "--metrics-", "--allow-http", "--allow-grpc", "--allow-metrics",
+                   "--allow-gpu-metrics")
 def server_command(model_repository: str | Path, engine_cfg: dict, options, base_args: list[str],
                    tritonserver: str = "/opt/tritonserver/bin/tritonserver", n_gpus: int | None = None,
-                   llm_model_name: str = "llm") -> tuple[list[str], dict[str, str]]:
+                   llm_model_name: str = "llm", group: GroupHosts | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and extra environment to serve the repository, the way the backend's own launcher
     (``launch_triton_server.py``, TensorRT-LLM release/1.2.1 via tensorrtllm_backend r26.07) starts it.
 
@@ -38,8 +45,10 @@ def server_command(model_repository: str | Path, engine_cfg: dict, options, base
     ``TRTLLM_ORCHESTRATOR=1`` (the llm's executor spawns one MPI worker per rank) plus the launcher's spawn-mode
     memory flags, one ``--cuda-memory-pool-byte-size=J:0`` per visible GPU (``n_gpus``). Leader mode: ``mpirun`` with
     one tritonserver per rank, each with ``--disable-auto-complete-config`` and its own Python shm prefix; ranks > 0
-    load only the llm (``--model-control-mode=explicit --load-model=…``), whose executor follows rank 0's. Rank 0 keeps
-    ``--model-control-mode=none``, Triton's default, which the launcher leaves implicit (docs/gpu.md).
+    load only the llm (``--model-control-mode=explicit --load-model=…``), whose executor follows rank 0's, and serve
+    no endpoint (WORKER_RANK_FLAGS). Rank 0 keeps ``--model-control-mode=none``, Triton's default, which the launcher
+    leaves implicit (docs/gpu.md). ``group`` (a LeaderWorkerSet group of several pods): mpirun places the ranks on
+    its hosts over ssh, rank 0 on the leader.
 
     ``base_args`` are tritonserver's flags after the binary as serving.launcher builds them (ports, control mode
     none, ``--disable-auto-complete-config``, restricted APIs, …); each flag appears once per process.
@@ -57,13 +66,17 @@ def server_command(model_repository: str | Path, engine_cfg: dict, options, base
         pools = [f"--cuda-memory-pool-byte-size={j}:0" for j in range(n_gpus if n_gpus is not None else world)]
         return ([tritonserver, repo, *base, *ORCHESTRATOR_FLAGS, *pools],
                 {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"})
-    argv = ["mpirun", "--allow-run-as-root"]
+    if group is not None and group.gpus_per_host * len(group.hosts) != world:
+        raise ValueError(f"the engine has {world} ranks (TP x PP), the group {len(group.hosts)} pods x "
+                         f"{group.gpus_per_host} GPUs")
+    argv = ["mpirun", "--allow-run-as-root", *(group.mpirun_args() if group else [])]
     for rank in range(world):
         rank_args = [a for a in base if not a.startswith("--model-control-mode=")]
         if rank == 0:
             rank_args.append("--model-control-mode=none")
         else:
-            rank_args += ["--model-control-mode=explicit", f"--load-model={llm_model_name}"]
+            rank_args = [a for a in rank_args if not a.startswith(_ENDPOINT_FLAGS)]
+            rank_args += ["--model-control-mode=explicit", f"--load-model={llm_model_name}", *WORKER_RANK_FLAGS]
         argv += ["-n", "1", tritonserver, repo, *rank_args,
                  f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
         if rank != world - 1:
@@ -71,7 +84,8 @@ def server_command(model_repository: str | Path, engine_cfg: dict, options, base
     return argv, {}
 
 
-def build_server_argv(model_repository: Path, extra: list[str], multi_gpu_mode: str) -> tuple[list[str], dict]:
+def build_server_argv(model_repository: Path, extra: list[str], multi_gpu_mode: str,
+                      group: GroupHosts | None = None) -> tuple[list[str], dict]:
     from serving.launcher import ADMIN_KEY_ENV, ServerConfig, build_command
     from serving.triton_install import TritonInstall
 
@@ -97,7 +111,7 @@ def build_server_argv(model_repository: Path, extra: list[str], multi_gpu_mode: 
     options = TrtllmOptions(multi_gpu_mode=multi_gpu_mode)
     n_gpus = len(detect_gpus()) if multi_gpu_mode == "orchestrator" else None
     return server_command(model_repository, engine_cfg, options, base, str(install.binary), n_gpus=n_gpus or None,
-                          llm_model_name=llm)
+                          llm_model_name=llm, group=group)
 
 
 def serve_supervised(model_repository: Path, server_argv: list[str], env: dict[str, str], ready_timeout: float,
@@ -131,6 +145,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-repository", type=Path, required=True)
     p.add_argument("--multi-gpu-mode", choices=["orchestrator", "leader"],
                    default=os.environ.get("TRTLLM_MULTI_GPU_MODE", "orchestrator"))
+    p.add_argument("--gpus-per-host", type=int, default=int(os.environ.get("TRTLLM_GPUS_PER_HOST", "1")),
+                   help="leader mode in a LeaderWorkerSet group: the GPUs of each pod (ranks per pod)")
     p.add_argument("--print-only", action="store_true", help="print the command instead of exec'ing it")
     p.add_argument("--no-openai", action="store_true",
                    help="without the OpenAI front door (Kubernetes runs it in a container of its own)")
@@ -150,7 +166,15 @@ def serve_main(argv: list[str] | None = None) -> int:
     except EngineMismatch as e:
         print(f"serve: {e}", file=sys.stderr, flush=True)
         return 1
-    server_argv, extra_env = build_server_argv(args.model_repository, extra, args.multi_gpu_mode)
+    group = None
+    if args.multi_gpu_mode == "leader":  # a LeaderWorkerSet group of several pods: ranks on every pod
+        group = GroupHosts.from_env(dict(os.environ), gpus_per_host=args.gpus_per_host)
+    server_argv, extra_env = build_server_argv(args.model_repository, extra, args.multi_gpu_mode, group)
+    if group is not None and not args.print_only:
+        from .multinode import private_key_copy
+
+        private_key_copy()
+        group.wait_for_workers(args.ready_timeout)
     # The Python stubs embed the image's python3 (first on PATH, not this tool's venv); the image puts the
     # project on its sys.path with a .pth file (Dockerfile), as the stub ignores PYTHONPATH.
     env = {**os.environ, **extra_env}

@@ -45,6 +45,15 @@ app.kubernetes.io/part-of: triton-llm
 {{- end }}
 {{- end -}}
 
+{{/* The InferencePool's name, and the label its selector matches (inferenceGateway.poolLabel). */}}
+{{- define "triton-llm.poolName" -}}
+{{- default (include "triton-llm.fullname" .) .Values.inferenceGateway.inferencePool.name -}}
+{{- end -}}
+
+{{- define "triton-llm.poolLabel" -}}
+{{ .Values.inferenceGateway.poolLabel.key }}: {{ default (include "triton-llm.fullname" .) .Values.inferenceGateway.poolLabel.value | quote }}
+{{- end -}}
+
 {{/* Label that lets a pod through the NetworkPolicy when allowSameNamespace is off (the helm test pods carry it). */}}
 {{- define "triton-llm.clientLabel" -}}
 {{- printf "%s-client" (include "triton-llm.fullname" .) | trunc 63 | trimSuffix "-" -}}
@@ -231,6 +240,9 @@ Render-time checks that a schema cannot express. Each failure says what is wrong
 */}}
 {{- define "triton-llm.validate" -}}
 {{- $v := .Values -}}
+{{- if and $v.inferenceGateway.enabled (not $v.openai.enabled) -}}
+{{- fail "\n\ninferenceGateway.enabled needs openai.enabled: the InferencePool routes to the front door's port, where the endpoint\npicker also reads the engine gauges (inferenceGateway.metricsPath)." -}}
+{{- end -}}
 {{- $memMi := include "triton-llm.quantityToMi" $v.resources.memory | float64 -}}
 {{- $shmMi := include "triton-llm.quantityToMi" $v.shm.sizeLimit | float64 -}}
 {{- if ge $shmMi $memMi -}}
