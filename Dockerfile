@@ -28,6 +28,14 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # TensorRT, tritonserver), which the image tag pins.
 # The Triton Python stubs embed the image's own python3 (first on PATH), which ignores PYTHONPATH (isolated
 # configuration, serving/stub_python.py): a .pth file in its site-packages puts the project on its sys.path.
+# sshd and ssh for multi-node groups (gpu.multiGpuMode leader on a LeaderWorkerSet): the leader's mpirun starts the
+# workers' ranks over ssh (builders/trtllm/multinode.py), so no pod needs Kubernetes API access. Ubuntu's packages at
+# the versions of the base image's release; the image tag pins them.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openssh-client openssh-server \
+    && rm -rf /var/lib/apt/lists/*
+
 COPY requirements-gpu.lock /tmp/requirements-gpu.lock
 COPY builders/trtllm/tool_venv.sh /tmp/tool_venv.sh
 RUN bash /tmp/tool_venv.sh /opt/venv \

@@ -42,6 +42,9 @@ K8S_VERSIONS = ["1.27.0", "1.33.0"]
 RENDER_KUBE = "1.33.0"
 CRD_APIS = ["monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PodMonitor",
             "monitoring.coreos.com/v1/PrometheusRule", "keda.sh/v1alpha1/ScaledObject"]
+GATEWAY_APIS = ["inference.networking.k8s.io/v1/InferencePool", "inference.networking.x-k8s.io/v1alpha2/InferenceObjective",
+                "gateway.networking.k8s.io/v1/HTTPRoute"]
+LWS_APIS = ["leaderworkerset.x-k8s.io/v1/LeaderWorkerSet"]
 # profile -> API versions the cluster is assumed to have. The CPU profile models a bare kind cluster.
 PROFILES = {
     "cpu": [],
@@ -49,8 +52,11 @@ PROFILES = {
     "gpu-int8-a10": CRD_APIS,
     "keda-autoscaling": CRD_APIS,
     "hardened-readonly": CRD_APIS,
+    "gateway": CRD_APIS + GATEWAY_APIS,
+    "gpu-multinode-lws": CRD_APIS + GATEWAY_APIS + LWS_APIS,
 }
-CR_KINDS = {"ScaledObject", "ServiceMonitor", "PodMonitor", "PrometheusRule"}
+CR_KINDS = {"ScaledObject", "ServiceMonitor", "PodMonitor", "PrometheusRule", "InferencePool", "InferenceObjective",
+            "HTTPRoute", "LeaderWorkerSet"}
 # GPU HPA needs its metric named (no queue default on GPU): busy slots.
 GPU_HPA = {"autoscaling": {"mode": "hpa", "hpa": {"podsMetrics": [
     {"name": "nv_trt_llm_request_metrics", "averageValue": "48", "matchLabels": {"request_type": "scheduled"}}]}}}
@@ -159,9 +165,35 @@ def pod_specs(docs: list[dict]) -> list[tuple[str, dict]]:
     for d in docs:
         if d["kind"] in ("Deployment", "Job"):
             specs.append((d["metadata"]["name"], d["spec"]["template"]["spec"]))
+        elif d["kind"] == "LeaderWorkerSet":
+            lwt = d["spec"]["leaderWorkerTemplate"]
+            specs += [(d["metadata"]["name"] + "/" + t, lwt[t]["spec"]) for t in ("leaderTemplate", "workerTemplate")]
         elif d["kind"] == "Pod":
             specs.append((d["metadata"]["name"], d["spec"]))
     return specs
+
+
+def server_workload(docs: list[dict]) -> dict:
+    """The serving pods' owner: the Deployment, or the LeaderWorkerSet under gpu.multiGpuMode leader."""
+    (found,) = [d for d in docs if d["kind"] in ("Deployment", "LeaderWorkerSet")]
+    return found
+
+
+def server_template(docs: list[dict]) -> dict:
+    """The serving pod's template (a group's leader under gpu.multiGpuMode leader)."""
+    workload = server_workload(docs)
+    if workload["kind"] == "LeaderWorkerSet":
+        return workload["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    return workload["spec"]["template"]
+
+
+def pod_templates_as_deployments(doc: dict) -> list[dict]:
+    """A LeaderWorkerSet's pod templates inside Deployments, so the core schemas check them strictly (the CRD's own
+    schema is checked against the vendored CRD)."""
+    lwt = doc["spec"]["leaderWorkerTemplate"]
+    return [{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"{doc['metadata']['name']}-{t}"},
+             "spec": {"selector": {"matchLabels": lwt[t]["metadata"]["labels"]}, "template": lwt[t]}}
+            for t in ("leaderTemplate", "workerTemplate")]
 
 
 _QTY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -195,7 +227,7 @@ def test_yamllint_values_profiles_and_goldens(helm_bin):
     goldens = YamlLintConfig(rules + "  line-length: disable\n")  # PromQL lines are as long as they are
     files = [(f, sources) for f in (CHART / "Chart.yaml", CHART / "values.yaml", *sorted((CHART / "ci").glob("*.yaml")))]
     files += [(f, goldens) for f in sorted(GOLDEN.glob("*.yaml"))]
-    assert len(files) == 12
+    assert len(files) == 16
     problems = [f"{f.relative_to(ROOT)}:{p.line}: {p.desc} ({p.rule})"
                 for f, config in files for p in linter.run(f.read_text(), config) if p.level == "error"]
     assert not problems, "\n".join(problems)
@@ -210,7 +242,9 @@ def test_core_objects_validate_against_kubernetes_schemas(rendered, version):
 
     errors, checked = [], 0
     for name, text in rendered.items():
-        for doc in docs_of(text):
+        docs = docs_of(text)
+        docs += [d for lws in by_kind(docs, "LeaderWorkerSet") for d in pod_templates_as_deployments(lws)]
+        for doc in docs:
             if doc["kind"] in CR_KINDS:
                 continue
             try:
@@ -348,10 +382,10 @@ def test_keda_scaledobject_structure(rendered):
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300, "scale-down must be slow"
     assert any(t["metricType"] == "AverageValue" for t in spec["triggers"]), "fallback needs an AverageValue trigger"
     names = set(values["metrics"]["names"].values())
-    # GPU profile: every trigger on but engine-queue, which does not exist on GPU (TensorRT-LLM exports no queue
-    # beyond its batch slots; tests/test_prometheus.py runs these against the stand-in's TensorRT-LLM metrics).
+    # GPU profile: every trigger on, the queue on the llm's own backlog gauge (TensorRT-LLM's backend exports no queue
+    # beyond its batch slots; tests/test_prometheus.py runs these against the stand-in's metrics).
     assert values["autoscaling"]["keda"]["triggers"]["engineQueue"]["enabled"]
-    assert {t["name"] for t in spec["triggers"]} == {"active-slots", "kv-cache-occupancy", "ttft"}
+    assert {t["name"] for t in spec["triggers"]} == {"engine-queue", "active-slots", "kv-cache-occupancy", "ttft"}
     # Triton's queue of the decoupled llm model never fills (issue 20): no trigger may read it.
     assert not any("nv_inference_pending_request_count" in t["metadata"]["query"]
                    or "nv_inference_queue_duration_us" in t["metadata"]["query"] for t in spec["triggers"])
@@ -431,13 +465,15 @@ def test_monitoring_objects_only_when_crds_exist(helm_bin, helm_env, rendered):
     assert [e["port"] for e in one(off, "ServiceMonitor")["spec"]["endpoints"]] == ["metrics"]
 
 
-def test_gpu_autoscaling_without_a_queue_signal_is_refused(helm_bin, helm_env):
-    """On GPU there is no engine queue to scale on: KEDA with only that trigger, or HPA without a metric, fail at
-    render time and say what to use instead."""
-    keda = template(helm_bin, helm_env, sets=["autoscaling.mode=keda"], check=False)  # engineQueue only
-    assert keda.returncode != 0 and "renders no trigger" in keda.stderr and "activeSlots" in keda.stderr
-    hpa = template(helm_bin, helm_env, sets=["autoscaling.mode=hpa"], check=False)
-    assert hpa.returncode != 0 and "needs autoscaling.hpa.podsMetrics" in hpa.stderr
+def test_gpu_autoscaling_defaults_to_the_backlog(helm_bin, helm_env):
+    """The GPU layout's llm exports the backlog TensorRT-LLM's backend does not (requests accepted, no first token
+    yet): KEDA's queue trigger and the HPA's default metric read it on GPU as on CPU."""
+    keda = docs_of(template(helm_bin, helm_env, sets=["autoscaling.mode=keda"], apis=CRD_APIS).stdout)
+    (trigger,) = one(keda, "ScaledObject")["spec"]["triggers"]
+    assert trigger["name"] == "engine-queue" and trigger["metadata"]["query"].startswith("sum(llm_engine_queued_requests{")
+    hpa = docs_of(template(helm_bin, helm_env, sets=["autoscaling.mode=hpa"]).stdout)
+    (metric,) = one(hpa, "HorizontalPodAutoscaler")["spec"]["metrics"]
+    assert metric["pods"]["metric"]["name"] == "llm_engine_queued_requests"
 
 
 def test_prometheus_rules_record_and_alert(rendered):
@@ -515,8 +551,8 @@ def test_policies(rendered, profile):
     text = rendered[profile]
     docs = docs_of(text)
     gpu = values["target"] == "gpu"
-    deployment = one(docs, "Deployment")
-    spec = deployment["spec"]["template"]["spec"]
+    workload = server_workload(docs)
+    spec = server_template(docs)["spec"]
     server = next(c for c in spec["containers"] if c["name"] == "triton")
 
     # No API versions that Kubernetes removed (Triton's own chart still ships autoscaling/v2beta2).
@@ -533,7 +569,9 @@ def test_policies(rendered, profile):
     limits = server["resources"]["limits"]
     assert "ephemeral-storage" in limits
     if gpu:
-        assert limits[values["gpu"]["resourceName"]] == values["gpu"]["tensorParallel"] * values["gpu"]["pipelineParallel"]
+        group = workload["spec"]["leaderWorkerTemplate"]["size"] if workload["kind"] == "LeaderWorkerSet" else 1
+        world = values["gpu"]["tensorParallel"] * values["gpu"]["pipelineParallel"]
+        assert limits[values["gpu"]["resourceName"]] * group == world
     else:
         assert not any("nvidia.com" in k for k in limits)
 
@@ -548,7 +586,8 @@ def test_policies(rendered, profile):
     assert f"--health-deadline={live['deadlineSeconds']}" in server["args"]
     sp = server["startupProbe"]
     assert sp["periodSeconds"] * sp["failureThreshold"] >= values["probes"]["startup"]["maxStartupSeconds"]
-    assert deployment["spec"]["progressDeadlineSeconds"] > values["probes"]["startup"]["maxStartupSeconds"]
+    if workload["kind"] == "Deployment":
+        assert workload["spec"]["progressDeadlineSeconds"] > values["probes"]["startup"]["maxStartupSeconds"]
 
     # Drain: grace = preStop + exit timeout + margin, computed by the chart, and tritonserver gets that exit timeout.
     drain = values["drain"]
@@ -620,7 +659,7 @@ def test_policies(rendered, profile):
     # NetworkPolicy: selects the server pods; serving ports from clients, metrics ports (Triton's, and the front
     # door's when a monitor scrapes it) only from a Prometheus selector.
     np = one(docs, "NetworkPolicy")
-    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    pod_labels = server_template(docs)["metadata"]["labels"]
     assert np["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     ingress = np["spec"]["ingress"]
     serving_ports = {"http", "grpc"} | ({"openai"} if values["openai"]["enabled"] else set())
@@ -657,7 +696,7 @@ def test_openai_front_door_is_its_own_container(rendered, profile):
     the Service and NetworkPolicy open its port; its API key comes from a Secret, and helm test sends it."""
     values = load_values(profile)
     docs = docs_of(rendered[profile])
-    spec = one(docs, "Deployment")["spec"]["template"]["spec"]
+    spec = server_template(docs)["spec"]
     containers = {c["name"]: c for c in spec["containers"]}
     assert "--no-openai" in containers["triton"]["args"][:containers["triton"]["args"].index("--")]
     oa, port = values["openai"], values["ports"]["openai"]

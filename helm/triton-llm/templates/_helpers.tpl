@@ -34,6 +34,14 @@ app.kubernetes.io/name: {{ include "triton-llm.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The pods that serve: every pod, or a LeaderWorkerSet group's leaders only (its workers only run ranks). */}}
+{{- define "triton-llm.servingSelectorLabels" -}}
+{{ include "triton-llm.selectorLabels" . }}
+{{- if include "triton-llm.leaderWorkerSet" . }}
+leaderworkerset.sigs.k8s.io/worker-index: "0"
+{{- end }}
+{{- end -}}
+
 {{- define "triton-llm.labels" -}}
 {{ include "triton-llm.selectorLabels" . }}
 helm.sh/chart: {{ include "triton-llm.chart" . }}
@@ -111,13 +119,37 @@ authorization:
 {{- ternary "/opt/venv/bin/python" "python" (eq .Values.target "gpu") -}}
 {{- end -}}
 
-{{/* GPUs per pod: tensor parallel x pipeline parallel on the GPU target, none on the CPU target. */}}
+{{/* GPUs per pod: tensor parallel x pipeline parallel on the GPU target (divided over the group's pods under
+     multiGpuMode leader), none on the CPU target. */}}
 {{- define "triton-llm.gpuCount" -}}
 {{- if eq .Values.target "gpu" -}}
-{{- mul (int .Values.gpu.tensorParallel) (int .Values.gpu.pipelineParallel) -}}
+{{- div (mul (int .Values.gpu.tensorParallel) (int .Values.gpu.pipelineParallel)) (include "triton-llm.groupSize" . | int) -}}
 {{- else -}}
 0
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when the replicas are LeaderWorkerSet groups (gpu.multiGpuMode leader on the GPU target), else empty. */}}
+{{- define "triton-llm.leaderWorkerSet" -}}
+{{- if and (eq .Values.target "gpu") (eq .Values.gpu.multiGpuMode "leader") -}}true{{- end -}}
+{{- end -}}
+
+{{/* Pods per replica: TP x PP / gpu.multiNode.gpusPerNode under multiGpuMode leader (at least 1), else 1. */}}
+{{- define "triton-llm.groupSize" -}}
+{{- $world := mul (int .Values.gpu.tensorParallel) (int .Values.gpu.pipelineParallel) -}}
+{{- $perNode := int .Values.gpu.multiNode.gpusPerNode -}}
+{{- if and (include "triton-llm.leaderWorkerSet" .) (gt $world $perNode) -}}
+{{- if ne (mod $world $perNode) 0 -}}
+{{- fail (printf "\n\ngpu.tensorParallel x gpu.pipelineParallel (%d) is not a multiple of gpu.multiNode.gpusPerNode (%d): a\nLeaderWorkerSet group's pods each take gpusPerNode GPUs, so the ranks must fill them exactly." $world $perNode) -}}
+{{- end -}}
+{{- div $world $perNode -}}
+{{- else -}}
+1
+{{- end -}}
+{{- end -}}
+
+{{- define "triton-llm.groupSshSecretName" -}}
+{{- default (printf "%s-group-ssh" (include "triton-llm.fullname" .)) .Values.gpu.multiNode.sshKey.existingSecret -}}
 {{- end -}}
 
 {{/* Engine directory: mountPath/subPath. */}}
@@ -187,10 +219,11 @@ so a query returns one series however many replicas there are.
 the llm model is decoupled on both targets, its execute() only enqueues, so that queue is always empty (issue 20). */}}
 {{- if $gpu }}
 {{- /* TensorRT-LLM's C++ backend (triton_backend/inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc):
-waiting = active - scheduled requests, scheduled = requests in this iteration's batch, fraction = used / max KV blocks
-(model_instance_state.cc WaitForStats). waiting is what the KV cache holds back in the slots, not the executor's queue
-beyond them (not exported): on GPU engineQueued feeds the backlog alert and panel only, never autoscaling. */}}
-engineQueued: {{ printf "sum(%s{%s,request_type=\"waiting\"})" $n.trtllmRequests $s | squote }}
+scheduled = requests in this iteration's batch, fraction = used / max KV blocks (model_instance_state.cc WaitForStats).
+Its waiting (= active - scheduled) counts only what the KV cache holds back in the slots, not the executor's queue
+beyond them, which it does not export; the backlog is our llm's own gauge on both targets (requests accepted without a
+first token: the executor's queue and those in their context phase). */}}
+engineQueued: {{ printf "sum(%s{%s})" $n.engineQueued $s | squote }}
 activeSlots: {{ printf "sum(%s{%s,request_type=\"scheduled\"})" $n.trtllmRequests $s | squote }}
 kvCacheOccupancy: {{ printf "avg(%s{%s,kv_cache_block_type=\"fraction\"})" $n.trtllmKvCacheBlocks $s | squote }}
 {{- else }}
@@ -298,14 +331,13 @@ Render-time checks that a schema cannot express. Each failure says what is wrong
 {{- end -}}
 {{- if eq $v.autoscaling.mode "keda" -}}
 {{- $t := $v.autoscaling.keda.triggers -}}
-{{- /* engineQueue renders on target cpu only (keda-scaledobject.yaml: TensorRT-LLM exports no queue beyond its slots). */}}
-{{- $queue := and $t.engineQueue.enabled (ne $v.target "gpu") -}}
+{{- $queue := $t.engineQueue.enabled -}}
 {{- if not (or $queue $t.activeSlots.enabled $t.kvCacheOccupancy.enabled $t.ttft.enabled) -}}
-{{- $msg := "\n\nautoscaling.mode=keda renders no trigger: enable at least one of autoscaling.keda.triggers.*\n(engineQueue exists on target cpu only: TensorRT-LLM's backend exports no queue beyond its batch slots; on gpu use activeSlots, kvCacheOccupancy or ttft)." -}}
+{{- $msg := "\n\nautoscaling.mode=keda renders no trigger: enable at least one of autoscaling.keda.triggers.*." -}}
 {{- fail $msg -}}
 {{- end -}}
 {{- if not (or $queue $t.activeSlots.enabled) -}}
-{{- $msg := "\n\nautoscaling.keda: the fallback needs at least one AverageValue trigger (engineQueue on target cpu, or activeSlots);\nKEDA rejects a ScaledObject whose only triggers are metricType Value (kvCacheOccupancy, ttft) when a fallback is set." -}}
+{{- $msg := "\n\nautoscaling.keda: the fallback needs at least one AverageValue trigger (engineQueue or activeSlots);\nKEDA rejects a ScaledObject whose only triggers are metricType Value (kvCacheOccupancy, ttft) when a fallback is set." -}}
 {{- fail $msg -}}
 {{- end -}}
 {{- if and $t.ttft.enabled (eq $v.target "gpu") (not $v.metrics.histogramLatencies) -}}
