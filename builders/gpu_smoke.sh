@@ -26,6 +26,10 @@
 #   PROMPTS=n          requests per variant (default 16), MAX_TOKENS (default 64), CONCURRENCY (default 4)
 #   ONLY_CHECKS=1      stop after the two first checks
 #   STRESS_SECONDS=n   the fp16 server's wedge storm (default 600; 0: none)
+# With two GPUs or more, last: a two-rank group as the chart's LeaderWorkerSet runs one (docs/kubernetes.md,
+# "Multi-node"), on this machine: a TP2 fp16 engine, a worker "pod" (python -m builders.trtllm worker: sshd on 2222
+# with a fresh group key) and the leader (serve --multi-gpu-mode=leader with LWS's variables, 1 GPU per "pod"),
+# whose mpirun starts rank 1 over ssh; one request through rank 0 must answer. Needs root (/etc/hosts names).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -244,6 +248,42 @@ PYEOF
     fi
     stop_server
 done
+
+if (( $(nvidia-smi -L | wc -l) >= 2 )); then
+    echo "=== two ranks as a LeaderWorkerSet group of 2 pods (TP2, 1 GPU each, rank 1 over ssh)"
+    group="$WORK/fp16-tp2"
+    "$PY" -m builders engine --target trtllm --checkpoint "$CHECKPOINT" --output "$group" --variant fp16 --tp-size 2 \
+        --max-batch-size 16 --max-input-len 768 --max-seq-len 1024 --max-num-tokens 2048 2>&1 | tee "$group.build.log"
+    grep -q "smoke-group-0-1" /etc/hosts || echo "127.0.0.1 smoke-group-0 smoke-group-0-1" >>/etc/hosts
+    rm -f "$WORK/group_key" && ssh-keygen -q -t rsa -N "" -f "$WORK/group_key"
+    export TRTLLM_SSH_KEY="$WORK/group_key" LWS_LEADER_ADDRESS=smoke-group-0 LWS_GROUP_SIZE=2 LWS_WORKER_INDEX=0
+    "$PY" -m builders.trtllm worker >"$group.worker.log" 2>&1 &
+    worker_pid=$!
+    "$PY" -m builders.trtllm serve --model-repository "$group/model_repository" --multi-gpu-mode=leader \
+        --gpus-per-host=1 >"$group.server.log" 2>&1 &
+    server_pid=$!
+    answered=""
+    for _ in $(seq 1 600); do
+        if "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$HTTP_PORT/v2/health/ready', timeout=2)" \
+            2>/dev/null; then
+            "$PY" -m client generate "The capital of France is" --url "127.0.0.1:$GRPC_PORT" --max-tokens 8 && answered=1
+            break
+        fi
+        if ! kill -0 "$server_pid" 2>/dev/null; then break; fi
+        sleep 1
+    done
+    stop_server
+    kill "$worker_pid" 2>/dev/null || true
+    unset TRTLLM_SSH_KEY LWS_LEADER_ADDRESS LWS_GROUP_SIZE LWS_WORKER_INDEX
+    if [[ -z "$answered" ]]; then
+        echo "gpu_smoke: the two-rank group did not answer; logs: $group.server.log $group.worker.log" >&2
+        tail -30 "$group.server.log" >&2
+        exit 1
+    fi
+    echo "two-rank group (leader + worker over ssh): answered"
+else
+    echo "=== two ranks: skipped (one GPU visible; a TP2 group needs two)"
+fi
 
 echo "=== greedy agreement with fp16"
 "$PY" - "$WORK" "${variant_list[@]}" <<'PYEOF'

@@ -22,7 +22,7 @@ from pathlib import Path
 SSH_PORT = 2222
 #: The group's private key as the chart mounts it (a Secret), and the 0600 copy ssh accepts (a Secret's files are
 #: group-readable for the pod's fsGroup, which ssh refuses for a private key).
-SSH_KEY = "/etc/triton-llm/ssh/id_rsa"
+SSH_KEY = os.environ.get("TRTLLM_SSH_KEY", "/etc/triton-llm/ssh/id_rsa")
 SSH_DIR = Path("/tmp/triton-llm-ssh")
 #: Environment the ranks on the workers get from the leader (the worker's sshd session has its own).
 FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -92,7 +92,9 @@ def sshd_config(ssh_dir: Path, port: int) -> str:
     return "\n".join([
         f"Port {port}", f"HostKey {ssh_dir / 'host_ed25519'}", f"AuthorizedKeysFile {ssh_dir / 'authorized_keys'}",
         f"PidFile {ssh_dir / 'sshd.pid'}", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-        "PubkeyAuthentication yes", "UsePAM no", "StrictModes no", "PermitRootLogin no", "AllowTcpForwarding no",
+        # root only where the container runs as root (the GPU smoke test's docker run); key only even then
+        "PubkeyAuthentication yes", "UsePAM no", "StrictModes no",
+        f"PermitRootLogin {'prohibit-password' if os.getuid() == 0 else 'no'}", "AllowTcpForwarding no",
         "X11Forwarding no", "PermitUserEnvironment no", f"AllowUsers {_user()}", "LogLevel ERROR", ""])
 
 
