@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from builders.trtllm.multinode import DEFAULT_SSH_KEY, SSH_PORT
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "triton-llm"
 GOLDEN = ROOT / "tests" / "helm_golden"
@@ -42,7 +44,7 @@ K8S_VERSIONS = ["1.27.0", "1.33.0"]
 RENDER_KUBE = "1.33.0"
 CRD_APIS = ["monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PodMonitor",
             "monitoring.coreos.com/v1/PrometheusRule", "keda.sh/v1alpha1/ScaledObject"]
-GATEWAY_APIS = ["inference.networking.k8s.io/v1/InferencePool", "inference.networking.x-k8s.io/v1alpha2/InferenceObjective",
+GATEWAY_APIS = ["inference.networking.k8s.io/v1/InferencePool", "llm-d.ai/v1alpha2/InferenceObjective",
                 "gateway.networking.k8s.io/v1/HTTPRoute"]
 LWS_APIS = ["leaderworkerset.x-k8s.io/v1/LeaderWorkerSet"]
 # profile -> API versions the cluster is assumed to have. The CPU profile models a bare kind cluster.
@@ -294,7 +296,7 @@ def crd_validators():
         crd = json.loads(f.read_text())
         schema = _strict(crd["openAPIV3Schema"])
         validators[(f"{crd['group']}/{crd['version']}", crd["kind"])] = jsonschema.Draft7Validator(schema)
-    assert len(validators) == 4, validators.keys()
+    assert len(validators) == 9, validators.keys()
     return validators
 
 
@@ -310,7 +312,8 @@ def test_custom_resources_validate_against_their_crds(rendered, crd_validators):
             for e in validator.iter_errors(doc):
                 errors.append(f"[{name}] {doc['kind']} at {'.'.join(map(str, e.path))}: {e.message}")
     assert not errors, "\n".join(errors)
-    assert seen == {"ScaledObject", "ServiceMonitor", "PrometheusRule"}, seen
+    assert seen == {"ScaledObject", "ServiceMonitor", "PrometheusRule", "InferencePool", "InferenceObjective", "HTTPRoute",
+                    "LeaderWorkerSet"}, seen
 
 
 def test_crd_validation_catches_mistakes(crd_validators):
@@ -847,7 +850,7 @@ def normalise(text: str) -> str:
 
     docs = docs_of(text)
     for d in docs:
-        if d["kind"] == "Secret" and d["metadata"]["name"].endswith(("-admin-key", "-openai-api-key")):
+        if d["kind"] == "Secret" and d["metadata"]["name"].endswith(("-admin-key", "-openai-api-key", "-group-ssh")):
             d["data"] = {k: "<random at install, kept across upgrades>" for k in d["data"]}
         if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scripts"):
             d["data"] = {k: "sha256:" + hashlib.sha256(v.encode()).hexdigest() for k, v in d["data"].items()}
@@ -1122,3 +1125,96 @@ def test_fetch_engine_verifies_checksums(tmp_path):
 def test_fetch_engine_refuses_bad_downloads(tmp_path, mutate, code, message):
     proc, _ = _fetch(tmp_path, mutate)
     assert proc.returncode == code and message in proc.stderr, (proc.returncode, proc.stderr)
+
+
+# ------------------------------------------------------------------------------------------- gateway, multi-node
+
+
+def test_the_pool_selects_the_serving_pods_and_reads_their_engine_gauges(rendered):
+    """gateway profile: the InferencePool selects exactly the pods' pool label on the front door's port, where the
+    front door relays the engine gauges for the endpoint picker; the HTTPRoute's backend is the pool; objectives
+    point at it; the NetworkPolicy admits the picker and the gateway on that port."""
+    values = load_values("gateway")
+    docs = docs_of(rendered["gateway"])
+    pool = one(docs, "InferencePool")
+    template = server_template(docs)
+    assert pool["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert pool["spec"]["targetPorts"] == [{"number": values["ports"]["openai"]}]
+    assert pool["spec"]["endpointPickerRef"]["name"] == f"{pool['metadata']['name']}-epp"
+    front = next(c for c in template["spec"]["containers"] if c["name"] == "openai")
+    assert f"--engine-metrics-path={values['inferenceGateway']['metricsPath']}" in front["command"]
+    (rule,) = one(docs, "HTTPRoute")["spec"]["rules"]
+    assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                                    "name": pool["metadata"]["name"]}]
+    objectives = by_kind(docs, "InferenceObjective")
+    assert {o["metadata"]["name"]: o["spec"]["priority"] for o in objectives} == {"interactive": 10, "batch": -10}
+    assert all(o["spec"]["poolRef"]["name"] == pool["metadata"]["name"] for o in objectives)
+    ingress = one(docs, "NetworkPolicy")["spec"]["ingress"]
+    gateway_rule = next(r for r in ingress if r["ports"] == [{"port": "openai", "protocol": "TCP"}])
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway-system"}}} in gateway_rule["from"]
+    # Without the gateway: no relay path, no pool label, no gateway objects.
+    plain = docs_of(rendered["cpu"])
+    front = next(c for c in server_template(plain)["spec"]["containers"] if c["name"] == "openai")
+    assert not any(a.startswith("--engine-metrics-path") for a in front["command"])
+    assert not by_kind(plain, "InferencePool") and not by_kind(plain, "HTTPRoute")
+    assert values["inferenceGateway"]["poolLabel"]["key"] not in server_template(plain)["metadata"]["labels"]
+
+
+def test_a_gateway_needs_the_front_door(helm_bin, helm_env):
+    proc = template(helm_bin, helm_env, values=[profile_file("gateway")], sets=["openai.enabled=false"], check=False)
+    assert proc.returncode != 0 and "inferenceGateway.enabled needs openai.enabled" in proc.stderr
+
+
+def test_a_leaderworkerset_group_per_replica(rendered):
+    """gpu-multinode-lws: TP8 x PP2 over 8-GPU nodes is a group of 2 pods; the leader serves (ports, the front door,
+    the pool label) and runs mpirun with the group's key; the worker runs the sshd entry; Service, pool and
+    PodMonitor select leaders only; the group restarts as one."""
+    values = load_values("gpu-multinode-lws")
+    docs = docs_of(rendered["gpu-multinode-lws"])
+    lws = one(docs, "LeaderWorkerSet")
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    assert lwt["size"] == 2 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
+    assert lws["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == "nvidia.com/gpu.clique"
+    leader, worker = lwt["leaderTemplate"], lwt["workerTemplate"]
+    lead = {c["name"]: c for c in leader["spec"]["containers"]}
+    (work,) = worker["spec"]["containers"]
+    assert set(lead) == {"triton", "openai"} and "--multi-gpu-mode=leader" in lead["triton"]["args"]
+    assert {"name": "TRTLLM_GPUS_PER_HOST", "value": "8"} in lead["triton"]["env"]
+    assert work["command"][-2:] == ["builders.trtllm", "worker"] and work["ports"][0]["containerPort"] == SSH_PORT
+    for spec, c in ((leader["spec"], lead["triton"]), (worker["spec"], work)):
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+        mount = next(m for m in c["volumeMounts"] if m["name"] == "group-ssh")
+        assert f"{mount['mountPath']}/id_rsa" == DEFAULT_SSH_KEY
+        volume = next(v for v in spec["volumes"] if v["name"] == "group-ssh")
+        assert one(docs, "Secret", volume["secret"]["secretName"].removeprefix(FULLNAME))["data"]["id_rsa"]
+        assert spec["automountServiceAccountToken"] is False  # the launch needs no Kubernetes API
+    pool_key = values["inferenceGateway"]["poolLabel"]["key"]
+    assert pool_key in leader["metadata"]["labels"] and pool_key not in worker["metadata"]["labels"]
+    leaders_only = {"leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    assert leaders_only.items() <= one(docs, "InferencePool")["spec"]["selector"]["matchLabels"].items()
+    assert leaders_only.items() <= one(docs, "Service")["spec"]["selector"].items()
+    assert not by_kind(docs, "Deployment")
+
+
+def test_a_group_must_fill_its_nodes(helm_bin, helm_env):
+    proc = template(helm_bin, helm_env, values=[profile_file("gpu-multinode-lws")],
+                    sets=["gpu.tensorParallel=6", "gpu.pipelineParallel=2"], apis=LWS_APIS, check=False)
+    assert proc.returncode != 0 and "not a multiple of gpu.multiNode.gpusPerNode" in proc.stderr
+
+
+def test_gateway_and_group_crds_catch_mistakes(crd_validators):
+    pool = {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool", "metadata": {"name": "p"},
+            "spec": {"selector": {"matchLabels": {"a": "b"}}, "targetPorts": [{"number": 9000}],
+                     "endpointPickerRef": {"name": "p-epp", "port": {"number": 9002}}}}
+    validator = crd_validators[("inference.networking.k8s.io/v1", "InferencePool")]
+    assert not list(validator.iter_errors(pool))
+    bad = copy.deepcopy(pool)
+    bad["spec"]["selector"] = {"matchExpressions": [{"key": "a", "operator": "Exists"}]}
+    assert list(validator.iter_errors(bad))
+    lws = crd_validators[("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")]
+    group = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": "g"},
+             "spec": {"leaderWorkerTemplate": {"size": 2, "restartPolicy": "RecreateGroupOnPodRestart",
+                                               "workerTemplate": {"spec": {"containers": [{"name": "c"}]}}}}}
+    assert not list(lws.iter_errors(group))
+    group["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "RestartGroup"
+    assert list(lws.iter_errors(group))

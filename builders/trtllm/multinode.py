@@ -22,7 +22,8 @@ from pathlib import Path
 SSH_PORT = 2222
 #: The group's private key as the chart mounts it (a Secret), and the 0600 copy ssh accepts (a Secret's files are
 #: group-readable for the pod's fsGroup, which ssh refuses for a private key).
-SSH_KEY = os.environ.get("TRTLLM_SSH_KEY", "/etc/triton-llm/ssh/id_rsa")
+DEFAULT_SSH_KEY = "/etc/triton-llm/ssh/id_rsa"
+SSH_KEY = os.environ.get("TRTLLM_SSH_KEY", DEFAULT_SSH_KEY)
 SSH_DIR = Path("/tmp/triton-llm-ssh")
 #: Environment the ranks on the workers get from the leader (the worker's sshd session has its own).
 FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
