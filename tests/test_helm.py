@@ -1218,3 +1218,18 @@ def test_gateway_and_group_crds_catch_mistakes(crd_validators):
     assert not list(lws.iter_errors(group))
     group["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "RestartGroup"
     assert list(lws.iter_errors(group))
+
+
+def test_the_shipped_endpoint_picker_values_fit_the_chart():
+    """helm/endpoint-picker/values.yaml (llm-d-router's gateway chart) against the chart's defaults for release `llm`:
+    the pool it expects, its port, labels, metrics path and engine name."""
+    from tests.epp_scrape import PICKER_VALUES, shipped_path, shipped_specs
+
+    picker = yaml.safe_load(PICKER_VALUES.read_text())["router"]
+    values = load_values("gateway")
+    g = values["inferenceGateway"]
+    assert picker["inferencePool"]["create"] is False  # ours renders it
+    assert picker["modelServers"]["targetPorts"] == [{"number": values["ports"]["openai"]}]
+    assert picker["modelServers"]["matchLabels"] == {g["poolLabel"]["key"]: FULLNAME}
+    assert shipped_path() == g["metricsPath"]
+    assert set(shipped_specs(g["engineType"])) == {"queued", "running", "kvUsage"}

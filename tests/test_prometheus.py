@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import threading
 import time
@@ -33,6 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.epp_scrape import EndpointPickerScrape, shipped_path
 from tests.prometheus_harness import (FULLNAME, NAMESPACE, POD, RELEASE, ROOT, Prometheus, finite, pod_labels,
                                       promtool, rule_groups, scrape_targets, tools)
 
@@ -186,7 +188,6 @@ def alert_unit_tests(docs: list[dict], gpu: bool) -> dict:
     job = {**pod, "job": FULLNAME, "instance": "10.0.0.7:8002"}
     ens = {**job, "model": "ensemble", "version": "1"}
     llm = {**job, "model": "llm", "version": "1"}
-    trt = {**job, "model": "tensorrt_llm", "version": "1"}
     minutes = 40
     n = minutes * 4  # one sample per 15 s
 
@@ -207,9 +208,7 @@ def alert_unit_tests(docs: list[dict], gpu: bool) -> dict:
             base = job | {"model": "llm", "version": "1"}
         return [_series(name, {**base, "le": le}, ramp(10) if float(le) >= float(hit) else const(0)) for le in les]
 
-    def queued(v: float) -> list[dict]:
-        if gpu:
-            return [_series("nv_trt_llm_request_metrics", {**trt, "request_type": "waiting"}, const(v))]
+    def queued(v: float) -> list[dict]:  # the llm's backlog gauge, both targets
         return [_series("llm_engine_queued_requests", llm, const(v))]
 
     def requests(fail_per_step: float) -> list[dict]:
@@ -352,7 +351,8 @@ def _overload_run(target: str, triton, keda_docs: list[dict], hpa_docs: list[dic
     relay = [a for a in front_container["command"] if a.startswith("--engine-metrics-path=")]
     front = FrontDoorProcess(triton.urls.grpc, api_keys=SCRAPE_KEY, extra_args=(
         *relay, "--triton-metrics-url", triton.urls.metrics.replace("localhost", "127.0.0.1")))
-    picker = EndpointPickerScrape(front.url + relay[0].partition("=")[2], LIVE[target][1])
+    assert relay == [f"--engine-metrics-path={shipped_path()}"], relay  # the chart and the picker agree on the path
+    picker = EndpointPickerScrape(front.url + shipped_path())
     servers = {"metrics": triton.urls.metrics.replace("localhost", "127.0.0.1"), "openai": front.url}
     secret = f"{FULLNAME}-openai-api-key"
     prom = Prometheus(tmp, scrape_targets(keda_docs, servers, {secret: SCRAPE_KEY}), rule_files=[rules],
@@ -426,7 +426,8 @@ def _save(prom, run, triggers, t0, t1, t2):
     data = {"load": {"start": t0, "end": t1, "streams": STREAMS, "slots": SLOTS, "max_tokens": MAX_TOKENS,
                      "outcomes": run.outcomes},
             "triggers": {}, "alerts": {},
-            "crossed_s": run.crossed, "fell_s": run.fell, "peaks": run.peaks, "alert_states": run.alert_states}
+            "crossed_s": run.crossed, "fell_s": run.fell, "peaks": run.peaks, "alert_states": run.alert_states,
+            "endpoint_picker": {"under_load": run.picker, "after": run.picker_after}}
     for name, (q, thr, mtype) in triggers.items():
         rows = prom.series(q, start, end, 1.0)
         data["triggers"][name] = {"query": q, "threshold": thr, "metricType": mtype,
@@ -498,6 +499,17 @@ def test_each_trigger_crosses_its_threshold_under_overload(live):
 def test_each_trigger_falls_back_after_the_load(live):
     missing = [n for n in live.triggers if n not in live.fell]
     assert not missing, f"still above threshold 90 s after the load: {missing} (fell: {live.fell})"
+
+
+def test_endpoint_picker_reads_the_load_on_the_routed_port(live):
+    """The engine gauges relayed on the front door's port (no API key), read as an inference gateway's endpoint
+    picker reads them with the metric specs we ship for this layout: each signal moves with the overload (32 streams
+    against 8 slots) and is back to idle once the load has gone."""
+    peaks = {signal: max(v[signal] for _, v in live.picker) for signal in live.picker[0][1]}
+    report = {"peaks": peaks, "after": live.picker_after, "scrapes": len(live.picker)}
+    assert all(not math.isnan(v) for _, scrape in live.picker for v in scrape.values()), report
+    assert peaks["queued"] >= SLOTS and peaks["running"] >= SLOTS - 1 and peaks["kvUsage"] > 0, report
+    assert live.picker_after == {"queued": 0.0, "running": 0.0, "kvUsage": 0.0}, report
 
 
 def test_queue_alert_goes_pending_then_firing(live):

@@ -36,6 +36,7 @@
         {{- include "triton-llm.labels" . | nindent 8 }}
         {{- if and .Values.inferenceGateway.enabled (ne $role "worker") }}
         {{- include "triton-llm.poolLabel" . | nindent 8 }}
+        llm-d.ai/engine-type: {{ .Values.inferenceGateway.engineType }}
         {{- end }}
         {{- with .Values.podLabels }}
         {{- toYaml . | nindent 8 }}
