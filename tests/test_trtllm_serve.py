@@ -183,3 +183,32 @@ def test_missing_scripts_name_the_image_roots(variant, tmp_path, monkeypatch):
     monkeypatch.setattr("builders.trtllm.manifest.detect_runtime", lambda: RuntimeInfo(TRTLLM_VERSION, "10"))
     with pytest.raises(SystemExit, match="/app or /app/tensorrt_llm"):
         build_mod._check_build_runtime(SimpleNamespace(trtllm_src=tmp_path, variant=variant), allow_other=False)
+
+
+def test_a_worker_accepts_only_the_group_key(tmp_path):
+    """``python -m builders.trtllm worker`` before it execs sshd: the Secret's key (group-readable, as a Secret with
+    an fsGroup mounts it) copied 0600 for ssh, its public half the only authorized key, a host key of its own, and
+    a config that allows key logins of this user only. (sshd itself ran by hand: docs/kubernetes.md.)"""
+    import stat
+    import subprocess
+
+    from builders.trtllm.multinode import prepare_worker
+
+    secret = tmp_path / "secret" / "id_rsa"
+    secret.parent.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-N", "", "-f", str(secret)], check=True)
+    secret.chmod(0o440)
+    ssh_dir = tmp_path / "ssh"
+    argv = prepare_worker(str(secret), ssh_dir, 2222)
+    assert argv[1:] == ["-D", "-e", "-f", str(ssh_dir / "sshd_config")] and argv[0].endswith("sshd")
+    copy = ssh_dir / "id_rsa"
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600 and copy.read_bytes() == secret.read_bytes()
+    public = (secret.parent / "id_rsa.pub").read_text().split()[:2]
+    assert (ssh_dir / "authorized_keys").read_text().split()[:2] == public
+    config = dict(line.split(" ", 1) for line in (ssh_dir / "sshd_config").read_text().splitlines())
+    assert config["Port"] == "2222" and config["PasswordAuthentication"] == "no" and config["UsePAM"] == "no"
+    assert config["AuthorizedKeysFile"] == str(ssh_dir / "authorized_keys") and (ssh_dir / "host_ed25519").exists()
+    assert config["AllowTcpForwarding"] == "no" and len(config["AllowUsers"].split()) == 1
+    # The leader's mpirun logs in with that same copy.
+    group = GroupHosts.from_env(LWS_ENV, gpus_per_host=1)
+    assert f"-i {SSH_DIR / 'id_rsa'}" in group.mpirun_args()[group.mpirun_args().index("plm_rsh_args") + 1]
