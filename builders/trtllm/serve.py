@@ -28,9 +28,9 @@ NGC_ROOT = Path("/opt/tritonserver")
 #: TRTLLM_ORCHESTRATOR=1 with TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1, on Triton > 24.06): no pinned or per-GPU
 #: CUDA memory pool in the tritonserver process and no peer access, leaving GPU memory to the spawned workers.
 ORCHESTRATOR_FLAGS = ("--pinned-memory-pool-byte-size=0", "--enable-peer-access=false")
-#: Ranks > 0 serve nothing: our ``llm`` (a Python model) finishes loading on a worker rank, where the C++ backend's
-#: model blocks in its constructor, so their tritonservers would go on to bind rank 0's ports (the same pod) or open
-#: ports nobody calls (another pod of the group).
+#: Ranks > 0 serve nothing (as kubernetes-sigs/lws docs/examples/tensorrt-llm starts them): our ``llm`` (a Python
+#: model) finishes loading on a worker rank, so their tritonservers would go on to bind rank 0's ports (the same pod)
+#: or open ports nobody calls (another pod of the group).
 WORKER_RANK_FLAGS = ("--allow-http=false", "--allow-grpc=false", "--allow-metrics=false")
 #: The flags of the endpoints a worker rank does not open.
 _ENDPOINT_FLAGS = ("--http-", "--grpc-", "--metrics-", "--allow-http", "--allow-grpc", "--allow-metrics",
