@@ -41,8 +41,8 @@ class LLMMetrics:
         self.finished = {reason: _family("llm_requests_finished_total", "Requests finished, by reason",
                                          counter).Metric(labels={**labels, "reason": reason})
                          for reason in ("length", "stop", "cancelled", "error")}
-        self.queued = _family("llm_engine_queued_requests", "Requests waiting for a KV-cache slot",
-                              gauge).Metric(labels=labels)
+        self.queued = _family("llm_engine_queued_requests", "Requests accepted and not yet generating (waiting for a "
+                              "slot; GPU layout: in the executor's queue or context phase)", gauge).Metric(labels=labels)
         self.active = _family("llm_engine_active_slots", "KV-cache slots holding a request", gauge).Metric(labels=labels)
         self.kv_occupancy = _family("llm_engine_kv_cache_occupancy", "Fraction of KV-cache token positions in use",
                                     gauge).Metric(labels=labels)
