@@ -35,6 +35,8 @@ WORKER_RANK_FLAGS = ("--allow-http=false", "--allow-grpc=false", "--allow-metric
 #: The flags of the endpoints a worker rank does not open.
 _ENDPOINT_FLAGS = ("--http-", "--grpc-", "--metrics-", "--allow-http", "--allow-grpc", "--allow-metrics",
                    "--allow-gpu-metrics")
+
+
 def server_command(model_repository: str | Path, engine_cfg: dict, options, base_args: list[str],
                    tritonserver: str = "/opt/tritonserver/bin/tritonserver", n_gpus: int | None = None,
                    llm_model_name: str = "llm", group: GroupHosts | None = None) -> tuple[list[str], dict[str, str]]:
