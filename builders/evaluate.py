@@ -160,12 +160,12 @@ PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # as the engi
 
 def _perplexity(model, dtype: torch.dtype, windows: list[list[int]]) -> float:
     seq_len = len(windows[0])
-    cache = KVCache(model.args, 1, seq_len, dtype)
-    positions, slot = torch.arange(seq_len)[None], torch.tensor([0])
+    cache, blocks = KVCache.for_one_sequence(model.args, seq_len, dtype)
+    positions = torch.arange(seq_len)[None]
     nll, count = 0.0, 0
     with torch.inference_mode():
         for window in windows:
-            logits = model(torch.tensor([window]), positions, slot, cache, last_only=False)[0]
+            logits = model(torch.tensor([window]), positions, blocks, cache, last_only=False)[0]
             lp = F.log_softmax(logits.float(), dim=-1)[:-1]
             nll -= lp.gather(-1, torch.tensor(window[1:])[:, None]).sum().item()
             count += len(window) - 1
@@ -259,8 +259,8 @@ def run_evaluation(checkpoint: Path, engines_root: Path, variants=VARIANTS, seq_
         engines[variant] = build_cpu_engine(checkpoint, engines_root / f"eval-{variant}", variant=variant,
                                             limits=limits, sq_alpha=sq_alpha, calib_samples=calib_samples)
     loaded = {v: load_engine(engines[v]) for v in order}
-    caches = {v: KVCache(loaded[v].model.args, 1, seq_len, loaded[v].compute_dtype) for v in order}
-    positions, slot = torch.arange(seq_len)[None], torch.tensor([0])
+    caches = {v: KVCache.for_one_sequence(loaded[v].model.args, seq_len, loaded[v].compute_dtype) for v in order}
+    positions = torch.arange(seq_len)[None]
     nll = dict.fromkeys(order, 0.0)
     kl = dict.fromkeys(order, 0.0)
     agree = dict.fromkeys(order, 0)
@@ -270,7 +270,7 @@ def run_evaluation(checkpoint: Path, engines_root: Path, variants=VARIANTS, seq_
             tokens, targets = torch.tensor([window]), torch.tensor(window[1:])
             reference = None
             for v in order:
-                logits = loaded[v].model(tokens, positions, slot, caches[v], last_only=False)[0]
+                logits = loaded[v].model(tokens, positions, caches[v][1], caches[v][0], last_only=False)[0]
                 lp = F.log_softmax(logits.float(), dim=-1)[:-1]  # predictions for tokens 1..n-1
                 if reference is None:
                     reference = lp

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from .admission import Admission
+from .block_manager import BlockManager, CommitProgress
 from .kv_cache import KVCache
 from .model import Transformer
 from .sampling import LogProbTable, Sampler, TokenCounts, sample
@@ -47,14 +48,33 @@ class TokenEvent:
     logprob: float | None = None  # of token_id, when the request asked (return_log_probs)
     top_logprobs: tuple[tuple[int, float], ...] = ()  # (token, log-prob), best first, request.top_logprobs of them
     error: str | None = None  # with FinishReason.ERROR: what failed
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (OpenAI's cached_tokens)
 
 
 @dataclass(frozen=True)
 class EngineLimits:
-    max_batch_size: int  # KV-cache slots = sequences decoding at once
+    max_batch_size: int  # sequences decoding at once
     max_seq_len: int
     max_num_tokens: int  # per-step token budget (decode rows + prompt chunks)
     max_queue_size: int  # requests waiting for a slot before new ones are rejected
+    # The paged KV cache's size, TensorRT-LLM's names. None: max_batch_size × max_seq_len, never less than one
+    # whole sequence and a block to copy (what lets the oldest sequence always proceed: scheduler.py).
+    max_tokens_in_paged_kv_cache: int | None = None
+    tokens_per_block: int = 32
+    enable_kv_cache_reuse: bool = True
+
+    @property
+    def kv_cache_blocks(self) -> int:
+        tokens = self.max_tokens_in_paged_kv_cache or self.max_batch_size * self.max_seq_len
+        return max(-(-tokens // self.tokens_per_block), -(-self.max_seq_len // self.tokens_per_block) + 1) + 1
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prompt tokens since start: taken from the cache (hit) or computed (missed); engine thread writes."""
+
+    hit_tokens: int = 0
+    missed_tokens: int = 0
 
 
 class LLMEngine:
@@ -64,16 +84,20 @@ class LLMEngine:
         self.limits = limits
         # Zeroing the cache and the token counts are parallel ops: off the caller's thread (threads.py; the counts
         # zeroed here cost batch-1 int8 decode 40 %, tests/test_engine.py checks that no pool is left).
-        self.cache = on_scratch_thread(KVCache, model.args, limits.max_batch_size, limits.max_seq_len, dtype)
+        self.cache = on_scratch_thread(KVCache, model.args, limits.kv_cache_blocks, limits.tokens_per_block, dtype)
         self.counts = on_scratch_thread(TokenCounts, limits.max_batch_size + 1, model.args.vocab_size)  # + probe row
-        self.scheduler = Scheduler(limits.max_batch_size, limits.max_num_tokens)
+        self.blocks = BlockManager(limits.kv_cache_blocks, limits.tokens_per_block, self.cache.probe_blocks,
+                                   reuse=limits.enable_kv_cache_reuse)
+        self.slots = SlotPool(limits.max_batch_size)
+        self.scheduler = Scheduler(limits.max_batch_size, limits.max_num_tokens, self.blocks)
+        self.prefix_cache = PrefixCacheStats()
         self.on_event = on_event
         self.token_bytes = token_bytes
         self._inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
         self._admission = Admission(limits.max_queue_size)
         self._cancel_all = False  # set when a shutdown drain times out
         self._next_cancel_check = 0.0
-        self._kv_tokens = 0  # token positions held in the cache (engine thread writes)
+        self._kv_used = 0.0  # share of the KV blocks held by running sequences (engine thread writes)
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
 
     # ---- public API (any thread) -------------------------------------------------------------------
@@ -102,7 +126,7 @@ class LLMEngine:
 
     @property
     def kv_occupancy(self) -> float:
-        return self._kv_tokens / (self.limits.max_batch_size * self.limits.max_seq_len)
+        return self._kv_used
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting work, let in-flight requests finish (up to ``timeout``), then stop the loop."""
@@ -146,20 +170,22 @@ class LLMEngine:
             # is_cancelled() may cost an IPC round trip (Triton), so it is polled, not called every step.
             self._next_cancel_check = now + CANCEL_POLL_S
             self._poll_cancellations()
-        admitted = sched.admit(lambda: self.cache.free_slots, self.cache.allocate, self.cache.allocate_probe)
+        admitted = sched.admit(lambda: self.slots.free, self.slots.allocate, self.slots.allocate_probe)
         self._admission.left_queue(sum(not s.request.probe for s in admitted), sum(s.request.probe for s in admitted))
         for seq in admitted:
             self._start(seq)
         plan = sched.plan()
+        if plan.copies:
+            self.cache.copy_blocks(plan.copies)
         seqs, logits = [], []
         if plan.decode:
-            # In slot order: when the slots form one run the model reads the KV cache as a view (model.Step).
-            decode = sorted(plan.decode, key=lambda s: s.slot)
+            decode = plan.decode
             tokens = torch.tensor([[s.output_ids[-1]] for s in decode])
             positions = torch.tensor([[s.length - 1] for s in decode])
-            slots = torch.tensor([s.slot for s in decode])
+            logits.append(self.model(tokens, positions, block_tables(decode), self.cache))
+            for seq in decode:
+                self._commit(seq, seq.length)
             seqs += decode
-            logits.append(self.model(tokens, positions, slots, self.cache))
         if plan.prefill:
             ready, rows = self._prefill(plan.prefill)
             seqs += ready
@@ -169,6 +195,12 @@ class LLMEngine:
             # prompt row, expanded to its n sequences) become rows of their own.
             self._accept_batch(seqs, torch.cat(logits) if plan.prefill else logits[0])
         self._count_kv()
+
+    def _commit(self, seq: Sequence, computed: int) -> None:
+        """Offer the blocks ``computed`` positions filled to the prefix cache (only when one just filled)."""
+        if computed // self.blocks.block_size > seq.progress.blocks and not seq.request.probe:
+            ids = seq.prefill_ids if not seq.generating else seq.request.prompt_ids + seq.output_ids
+            self.blocks.commit(seq.blocks, ids, seq.progress, computed)
 
     def _poll_cancellations(self) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting) + list(self.scheduler.probes):
@@ -181,7 +213,8 @@ class LLMEngine:
                 self._finish(seq, FinishReason.CANCELLED)
 
     def _count_kv(self) -> None:
-        self._kv_tokens = sum(s.prefilled + len(s.output_ids) for s in self.scheduler.running)
+        stats = self.blocks.stats()
+        self._kv_used = stats.used / stats.total
 
     def _start(self, seq: Sequence) -> None:
         """A sequence just got its slot(s): the penalties' prompt counts (TensorRT-LLM counts the prompt), the
@@ -199,10 +232,15 @@ class LLMEngine:
         """Once the prompt is in the cache: sequences 1..n-1 get a copy of its KV rows (and counts) in the slots
         held for them, and start decoding from the same last-prompt logits. Returns all n."""
         req = seq.request
+        if seq.request.probe is False and seq.cached_tokens is not None:
+            self.prefix_cache.hit_tokens += seq.cached_tokens
+            self.prefix_cache.missed_tokens += seq.prompt_len - seq.cached_tokens
         children = [Sequence(req, index=i, slot=slot, prefilled=seq.prefilled, sampler=Sampler(req.sampling, i),
-                             stops=seq.stops and seq.stops.fresh()) for i, slot in enumerate(seq.siblings, start=1)]
+                             stops=seq.stops and seq.stops.fresh(), blocks=self.blocks.share(seq.blocks),
+                             progress=CommitProgress(seq.progress.blocks, seq.progress.parent),
+                             cached_tokens=seq.cached_tokens)
+                    for i, slot in enumerate(seq.siblings, start=1)]
         if children:
-            self.cache.copy_prefix(seq.slot, seq.siblings, seq.prefilled)
             for child in children:
                 if req.sampling.penalised:
                     self.counts.copy(seq.slot, child.slot)
@@ -214,27 +252,24 @@ class LLMEngine:
 
     def _prefill(self, chunks: list[tuple[Sequence, int]]) -> tuple[list[Sequence], list[torch.Tensor]]:
         """This step's prompt chunks in one [B, T] forward (16 prompts arriving together: a few forwards, not 16).
-        Shorter chunks are padded at the end: the padding's keys land past the row's chunk, where none of the
-        row's real queries look, and later tokens overwrite them. A row whose padding would run past the cache
-        runs on its own, unpadded. Returns the sequences whose prompt is now complete (all n of each request)
-        and their logits rows."""
-        ready, rows = [], []
+        Shorter chunks are padded at the end; the padding's keys go to block 0 (model.Step), which no sequence
+        reads. Returns the sequences whose prompt is now complete (all n of each request) and their logits rows."""
         width = max(n for _, n in chunks)
-        fits = [(s, n) for s, n in chunks if s.prefilled + width <= self.limits.max_seq_len]
-        groups = ([fits] if fits else []) + [[(s, n)] for s, n in chunks if s.prefilled + width > self.limits.max_seq_len]
-        for group in groups:
-            width = max(n for _, n in group)
-            tokens = torch.tensor([s.request.prompt_ids[s.prefilled:s.prefilled + n] + [0] * (width - n)
-                                   for s, n in group])
-            positions = torch.tensor([[s.prefilled] for s, _ in group]) + torch.arange(width)[None]
-            slots = torch.tensor([s.slot for s, _ in group])
-            logits = self.model(tokens, positions, slots, self.cache, last=torch.tensor([n - 1 for _, n in group]))
-            for (seq, n), row in zip(group, logits):
-                seq.prefilled += n
-                if seq.generating:
-                    family = self._spawn(seq)
-                    ready += family
-                    rows.append(row.expand(len(family), -1))
+        tokens = torch.tensor([s.prefill_ids[s.prefilled:s.prefilled + n] + [0] * (width - n) for s, n in chunks])
+        positions = torch.tensor([[s.prefilled] for s, _ in chunks]) + torch.arange(width)[None]
+        logits = self.model(tokens, positions, block_tables([s for s, _ in chunks]), self.cache,
+                            last=torch.tensor([n - 1 for _, n in chunks]))
+        ready, rows = [], []
+        for (seq, n), row in zip(chunks, logits):
+            seq.prefilled += n
+            self._commit(seq, seq.prefilled)
+            if seq.replay is not None and seq.prefilled == len(seq.replay):
+                # Recomputed after a preemption: it decodes its last token next step, as before it was preempted.
+                seq.replay, seq.prefilled = None, seq.prompt_len
+            elif seq.generating:
+                family = self._spawn(seq)
+                ready += family
+                rows.append(row.expand(len(family), -1))
         return ready, rows
 
     def _accept_batch(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
@@ -370,11 +405,12 @@ class LLMEngine:
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
+        self.blocks.release(seq.blocks)
         if seq.slot >= 0:
-            self.cache.release(seq.slot)
+            self.slots.release(seq.slot)
             seq.slot = -1
         for slot in seq.siblings:
-            self.cache.release(slot)
+            self.slots.release(slot)
         seq.siblings = []
         # Counted afresh (at most max_batch_size rows), so the gauge read on this sequence's last event is exact.
         self._count_kv()
@@ -383,4 +419,40 @@ class LLMEngine:
               top: tuple[tuple[int, float], ...] = (), error: str | None = None) -> None:
         seq.finish_reason = reason
         self.on_event(TokenEvent(seq.request.request_id, token, reason, seq.prompt_len, len(seq.output_ids),
-                                 seq.index, logprob, top, error))
+                                 seq.index, logprob, top, error, seq.cached_tokens or 0))
+
+
+def block_tables(seqs: list[Sequence]) -> torch.Tensor:
+    """[B, N] the sequences' block tables, padded with block 0."""
+    width = max(len(s.blocks) for s in seqs)
+    return torch.tensor([s.blocks + [0] * (width - len(s.blocks)) for s in seqs])
+
+
+class SlotPool:
+    """Row numbers for the sequences decoding at once (the penalties' token counts are kept per row); one more row
+    is the liveness probe's, so a probe runs even when every row is taken."""
+
+    def __init__(self, num_slots: int):
+        self._free = list(range(num_slots - 1, -1, -1))
+        self.probe_slot = num_slots
+        self._probe_free = True
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        return self._free.pop()
+
+    def allocate_probe(self) -> int | None:
+        """The probe's row, or None while another probe holds it."""
+        if not self._probe_free:
+            return None
+        self._probe_free = False
+        return self.probe_slot
+
+    def release(self, slot: int) -> None:
+        if slot == self.probe_slot:
+            self._probe_free = True
+        else:
+            self._free.append(slot)

@@ -1,7 +1,7 @@
-"""A Llama/Mistral-family transformer for CPU inference over a slotted KV cache (gpt-fast style).
+"""A Llama/Mistral-family transformer for CPU inference over a paged KV cache (gpt-fast style).
 
-One forward pass takes a [B, T] block of tokens, each row belonging to a KV-cache slot and starting at its
-own position, so the same code runs prefill chunks and batched decode steps.
+One forward pass takes a [B, T] block of tokens, each row with its own block table and starting at its own
+position, so the same code runs prefill chunks and batched decode steps.
 """
 
 from __future__ import annotations
@@ -90,9 +90,10 @@ class RMSNorm(nn.Module):
 
 class Cache(Protocol):
     """What a forward pass needs of a KV cache (kv_cache.KVCache): per layer a (keys, values) pair of
-    [slots, positions, kv_heads, head_dim] tensors, and the dtype the model computes in."""
+    [blocks × block_size, kv_heads, head_dim] tensors, the block size, and the dtype the model computes in."""
 
     layers: list[tuple[torch.Tensor, torch.Tensor]]
+    block_size: int
     compute_dtype: torch.dtype
 
 
@@ -100,16 +101,17 @@ class Cache(Protocol):
 class Step:
     """What every layer needs for one forward block, computed once per forward."""
 
-    slots: torch.Tensor  # [B] KV-cache slot of each row
     positions: torch.Tensor  # [B, T]
+    writes: torch.Tensor  # [B, T] the cache row each new key/value goes to
     kv_len: int  # keys to attend over: the longest row's history
     cos: torch.Tensor
     sin: torch.Tensor
     mask: torch.Tensor | None  # [B, 1, T, kv_len]; None when every query sees every key
-    rows: slice | None  # the slots as one ascending run: the cache is read as a view instead of gathered
+    reads: torch.Tensor | None  # [B, kv_len] the cache rows of each row's positions 0..kv_len-1
+    run: int  # one row whose blocks are adjacent: its keys are the cache rows run… as a view, not gathered
 
     def read(self, cache: torch.Tensor) -> torch.Tensor:
-        return cache[self.rows, :self.kv_len] if self.rows is not None else cache[self.slots, :self.kv_len]
+        return cache[self.reads] if self.reads is not None else cache[self.run:self.run + self.kv_len][None]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -142,9 +144,9 @@ class Attention(nn.Module):
         h, kvh = self.args.num_heads, self.args.num_kv_heads
         qkv = self.qkv_proj(x).view(b, t, h + 2 * kvh, self.args.head_dim)
         qk = _rope(qkv[:, :, :h + kvh], step.cos, step.sin)
-        # Write this block's keys/values into each row's slot at its positions: cache is [slot, pos, kvh, hd].
-        k_cache[step.slots[:, None], step.positions] = qk[:, :, h:]
-        v_cache[step.slots[:, None], step.positions] = qkv[:, :, h + kvh:]
+        # This block's keys/values go to the cache rows of each row's positions (its blocks).
+        k_cache[step.writes] = qk[:, :, h:]
+        v_cache[step.writes] = qkv[:, :, h + kvh:]
         out = _attend(qk[:, :, :h].transpose(1, 2), step.read(k_cache).transpose(1, 2),
                       step.read(v_cache).transpose(1, 2), step.mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, h * self.args.head_dim))
@@ -187,12 +189,13 @@ class Transformer(nn.Module):
         # A plain attribute, not a buffer: it must stay fp32 when the weights move to bf16.
         self.inv_freq = rope_inv_freq(args)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, blocks: torch.Tensor,
                 cache: Cache, last_only: bool = True, last: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens/positions: [B, T] (int64); slots: [B]. Returns fp32 logits [B, V] (last position, or column
-        ``last[b]`` of each row when rows are padded) or [B, T, V]."""
+        """tokens/positions: [B, T] (int64); blocks: [B, N] each row's block table (padded with block 0).
+        Returns fp32 logits [B, V] (last position, or column ``last[b]`` of each row when rows are padded) or
+        [B, T, V]."""
         x = self.embed_tokens(tokens).to(cache.compute_dtype)
-        step = self.step_inputs(positions, slots, x.dtype)
+        step = self.step_inputs(positions, blocks, cache.block_size, x.dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, cache.layers):
             x = layer(x, step, k_cache, v_cache)
         if last is not None:
@@ -201,7 +204,7 @@ class Transformer(nn.Module):
             x = x[:, -1]
         return self.lm_head(self.norm(x)).float()
 
-    def step_inputs(self, positions: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> Step:
+    def step_inputs(self, positions: torch.Tensor, blocks: torch.Tensor, block_size: int, dtype: torch.dtype) -> Step:
         kv_len = int(positions.max()) + 1
         freqs = positions[..., None].float() * self.inv_freq
         cos = torch.cat((freqs, freqs), dim=-1).cos()[:, :, None]
@@ -211,6 +214,15 @@ class Transformer(nn.Module):
         mask = None
         if positions.shape[1] > 1 or int(positions.min()) != kv_len - 1:
             mask = (torch.arange(kv_len)[None, None, :] <= positions[:, :, None])[:, None]
-        ids = slots.tolist()
-        rows = slice(ids[0], ids[-1] + 1) if ids == list(range(ids[0], ids[0] + len(ids))) else None
-        return Step(slots, positions, kv_len, cos.to(dtype), sin.to(dtype), mask, rows)
+        # Positions past a row's blocks (padding) map to block 0, which no sequence owns.
+        needed = -(-kv_len // block_size)
+        if blocks.shape[1] < needed:
+            blocks = F.pad(blocks, (0, needed - blocks.shape[1]))
+        writes = blocks.gather(1, positions // block_size) * block_size + positions % block_size
+        ids = blocks[0, :needed].tolist() if blocks.shape[0] == 1 else None
+        if ids is not None and ids == list(range(ids[0], ids[0] + needed)):
+            reads, run = None, ids[0] * block_size
+        else:
+            keys = torch.arange(kv_len)
+            reads, run = blocks[:, keys // block_size] * block_size + keys % block_size, 0
+        return Step(positions, writes, kv_len, cos.to(dtype), sin.to(dtype), mask, reads, run)

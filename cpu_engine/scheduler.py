@@ -1,7 +1,13 @@
-"""In-flight batching: which sequences run in the next step, and how much of each prompt.
+"""In-flight batching: which sequences run in the next step, how much of each prompt, and in which KV blocks.
 
 Each step first gives every generating sequence one token, then spends the rest of the per-step token
 budget on prompt chunks (chunked prefill), oldest first. Sequences join and leave between steps.
+
+KV blocks are taken as positions need them (block_manager.py). A prompt first takes the longest prefix another
+request left in the cache and prefills only the rest. When a generating sequence needs a block and none is left,
+the youngest running sequence is preempted: its blocks go back and it is recomputed later from its prompt and
+the tokens it already streamed (vLLM's recompute preemption), so the oldest always proceeds: the pool holds at least
+one whole sequence, and the engine can never wedge on memory.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .block_manager import BlockManager, CommitProgress
 from .sampling import Sampler, SamplingParams
 from .stop_strings import StopStrings
 
@@ -63,14 +70,23 @@ class Sequence:
     sampler: Sampler | None = None
     stops: StopStrings | None = None  # the stop words on text (None: matched on token ids)
     matcher: object | None = None  # the grammar's state for this sequence (request.guide)
+    blocks: list[int] = field(default_factory=list)  # KV block table: position p is in blocks[p // block_size]
+    progress: CommitProgress = field(default_factory=CommitProgress)
+    cached_tokens: int | None = None  # prompt tokens whose KV came from the prefix cache (set when it first runs)
+    replay: list[int] | None = None  # after a preemption: prompt + output but the last, whose KV is recomputed
 
     @property
     def prompt_len(self) -> int:
         return len(self.request.prompt_ids)
 
     @property
+    def prefill_ids(self) -> list[int]:
+        """What the prefill phase computes: the prompt, or after a preemption everything before the last token."""
+        return self.request.prompt_ids if self.replay is None else self.replay
+
+    @property
     def generating(self) -> bool:
-        return self.prefilled == self.prompt_len
+        return self.replay is None and self.prefilled == self.prompt_len
 
     @property
     def length(self) -> int:
@@ -81,12 +97,15 @@ class Sequence:
 class StepPlan:
     decode: list[Sequence]
     prefill: list[tuple[Sequence, int]]  # (sequence, chunk length)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (shared block, its copy) to fill before the step
 
 
 class Scheduler:
-    def __init__(self, num_slots: int, token_budget: int):
+    def __init__(self, num_slots: int, token_budget: int, blocks: BlockManager):
         self.num_slots = num_slots
         self.token_budget = max(token_budget, num_slots + 1)
+        self.blocks = blocks
+        self.preemptions = 0
         self.waiting: deque[Sequence] = deque()
         self.probes: deque[Sequence] = deque()  # liveness probes: they wait only for the probe row
         self.running: list[Sequence] = []
@@ -117,17 +136,62 @@ class Scheduler:
         return admitted
 
     def plan(self) -> StepPlan:
-        decode = [s for s in self.running if s.generating]
+        copies = []
+        decode = [s for s in list(self.running) if s.generating and self._room_to_decode(s, copies)]
         budget = self.token_budget - len(decode)
         prefill = []
         for seq in self.running:
             if budget <= 0:
                 break
-            if not seq.generating:
-                chunk = min(budget, seq.prompt_len - seq.prefilled)
-                prefill.append((seq, chunk))
-                budget -= chunk
-        return StepPlan(decode, prefill)
+            if seq.generating:
+                continue
+            if seq.prefilled == 0 and not seq.blocks:
+                self._take_cached_prefix(seq)
+            probe = seq.request.probe
+            room = (len(seq.blocks) + self.blocks.available(probe)) * self.blocks.block_size - seq.prefilled
+            chunk = min(budget, len(seq.prefill_ids) - seq.prefilled, room)
+            if chunk <= 0:  # the pool is full: younger prompts wait too, oldest first
+                break
+            self.blocks.grow(seq.blocks, seq.prefilled + chunk, probe)
+            prefill.append((seq, chunk))
+            budget -= chunk
+        return StepPlan(decode, prefill, copies)
+
+    def _take_cached_prefix(self, seq: Sequence) -> None:
+        """Start a prefill after the longest cached prefix of whole blocks; the last token is always computed (its
+        logits pick the first output token)."""
+        ids = seq.prefill_ids
+        seq.blocks = [] if seq.request.probe else self.blocks.take_prefix(ids, len(ids) - 1, seq.progress)
+        seq.prefilled = len(seq.blocks) * self.blocks.block_size
+        if seq.cached_tokens is None:
+            seq.cached_tokens = seq.prefilled
+
+    def _room_to_decode(self, seq: Sequence, copies: list[tuple[int, int]]) -> bool:
+        """A block (of its own) for the position ``seq`` writes next, preempting younger sequences if the pool is
+        short; False when ``seq`` itself had to be preempted."""
+        if not seq.generating:  # preempted a moment ago for an older sequence
+            return False
+        position, probe, bs = seq.length - 1, seq.request.probe, self.blocks.block_size
+        need = int(position // bs >= len(seq.blocks)) + int(self.blocks.needs_copy(seq.blocks, position))
+        while need > self.blocks.available(probe):
+            victim = next((s for s in reversed(self.running)
+                           if s is not seq and s.blocks and not s.request.probe), None)
+            self.preempt(victim or seq)
+            if victim is None:
+                return False
+        if (pair := self.blocks.writable(seq.blocks, position)) is not None:
+            copies.append(pair)
+        self.blocks.grow(seq.blocks, seq.length, probe)
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Give back ``seq``'s blocks; it recomputes its KV when blocks are free again (its streamed tokens stay)."""
+        self.blocks.release(seq.blocks)
+        seq.progress = CommitProgress()
+        seq.prefilled = 0
+        if seq.output_ids:
+            seq.replay = seq.request.prompt_ids + seq.output_ids[:-1]
+        self.preemptions += 1
 
     def remove(self, seq: Sequence) -> None:
         if seq in self.running:

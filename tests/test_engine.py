@@ -202,10 +202,9 @@ AGREEMENT = {"bf16": 0.95, "int8_wo": 0.9, "int8_sq": 0.85, "int4_awq": 0.7, "fp
 
 def _logits(engine_dir, ids):
     loaded = load_engine(engine_dir)
-    cache = KVCache(loaded.model.args, 1, len(ids), loaded.compute_dtype)
+    cache, blocks = KVCache.for_one_sequence(loaded.model.args, len(ids), loaded.compute_dtype)
     with torch.inference_mode():
-        return loaded.model(torch.tensor([ids]), torch.arange(len(ids))[None], torch.tensor([0]), cache,
-                            last_only=False)[0]
+        return loaded.model(torch.tensor([ids]), torch.arange(len(ids))[None], blocks, cache, last_only=False)[0]
 
 
 @pytest.mark.parametrize("variant", sorted(AGREEMENT))

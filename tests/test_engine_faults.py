@@ -86,7 +86,7 @@ def alone(engine_dir, request):
 def assert_idle(engine, slots):
     """Slots are released before a sequence's last event goes out, so this holds once the events are in."""
     assert engine.active == 0 and engine.queued == 0 and engine.kv_occupancy == 0
-    assert engine.cache.free_slots == slots
+    assert engine.slots.free == slots
 
 
 def last_event(collector, rid, index=0):

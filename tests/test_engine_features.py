@@ -222,7 +222,7 @@ def test_n_sequences_prefill_once_and_free_every_slot(engine_dir, greedy):
         last = collector.events[("n", i)][-1]
         assert last.finish_reason == FinishReason.LENGTH and last.num_output_tokens == 12
         assert last.num_input_tokens == len(prompt)
-    assert engine.active == 0 and engine.cache.free_slots == 4 and engine.kv_occupancy == 0
+    assert engine.active == 0 and engine.slots.free == 4 and engine.kv_occupancy == 0
     engine.shutdown(10)
 
 
@@ -255,7 +255,7 @@ def test_cancellation_ends_all_n_and_frees_their_slots(engine_dir):
     collector.wait(5)
     assert collector.finished() == {(rid, i): FinishReason.CANCELLED for rid, n in (("run", 3), ("wait", 2))
                                     for i in range(n)}
-    assert engine.active == 0 and engine.queued == 0 and engine.cache.free_slots == 4 and engine.kv_occupancy == 0
+    assert engine.active == 0 and engine.queued == 0 and engine.slots.free == 4 and engine.kv_occupancy == 0
     engine.shutdown(10)
 
 
