@@ -11,6 +11,11 @@ to the file named by its argument. Jobs:
   gives exactly ``new_tokens`` tokens (the ``min_tokens`` semantics the other peers use). Prompts are token ids,
   so every peer sees the same prompt; ``tokenize`` texts come back tokenised by the GGUF's own tokenizer, to
   check its BPE metadata against Hugging Face's.
+* ``{"op": "prefix", "gguf": path, "threads": 2, "n_ctx": 4096, "new_tokens": N, "cache_prompt": true,
+  "requests": [{"ids": [...]}, ...]}`` — greedy decoding of each request in turn, as llama-server's one slot with
+  ``cache_prompt``: the KV of the longest prefix the request shares with the slot's previous tokens is kept and
+  only the rest is evaluated (``cache_prompt`` false: every prompt from scratch). Each result has its time to the
+  first token.
 * ``{"op": "logits", "gguf": path, "threads": 2, "ids": [...], "out": logits.npy, "tokenize": ["text", ...]}`` —
   teacher forcing: one forward pass over ``ids`` (no BOS added), the logits at every position saved as a float32
   ``(len(ids), n_vocab)`` array to ``out``; ``tokenize`` texts come back tokenised without BOS or special tokens
@@ -79,6 +84,40 @@ def run(job: dict) -> dict:
             "version": llama_cpp.__version__, "system_info": llama_cpp.llama_print_system_info().decode()}
 
 
+def prefix(job: dict) -> dict:
+    import llama_cpp
+
+    threads = int(job.get("threads", 2))
+    llm = llama_cpp.Llama(model_path=job["gguf"], n_ctx=int(job.get("n_ctx", 4096)), n_batch=512,
+                          n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
+    n_vocab, eos, new_tokens = llm.n_vocab(), llm.token_eos(), int(job["new_tokens"])
+    previous: list[int] = []
+    results = []
+    for request in job["requests"]:
+        ids = [int(i) for i in request["ids"]]
+        t0 = time.perf_counter()
+        keep = 0
+        if job.get("cache_prompt", True):
+            while keep < min(len(previous), len(ids) - 1) and previous[keep] == ids[keep]:
+                keep += 1
+        llm.n_tokens = keep  # eval() drops the KV cells past n_tokens before it appends
+        llm.eval(ids[keep:])
+        out, times = [], []
+        while True:
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+            masked = logits.copy()
+            if 0 <= eos < n_vocab:
+                masked[eos] = -np.inf
+            out.append(int(np.argmax(masked)))
+            times.append(time.perf_counter())
+            if len(out) >= new_tokens:
+                break
+            llm.eval([out[-1]])
+        previous = ids + out[:-1]  # what the slot's KV holds now
+        results.append({"tokens": out, "start": t0, "times": times, "reused": keep})
+    return {"results": results, "rss_mb": _rss_mb(), "version": llama_cpp.__version__}
+
+
 def _rss_mb() -> float:
     """This process's resident memory after the requests (the model is mmapped: its pages count once read)."""
     with open("/proc/self/status") as status:
@@ -102,7 +141,7 @@ def logits(job: dict) -> dict:
 
 def main() -> None:
     job = json.loads(sys.stdin.read())
-    result = {"quantize": quantize, "run": run, "logits": logits}[job["op"]](job)
+    result = {"quantize": quantize, "run": run, "prefix": prefix, "logits": logits}[job["op"]](job)
     # A file, not stdout: llama.cpp may print to stdout itself.
     with open(sys.argv[1], "w") as f:
         json.dump(result, f)

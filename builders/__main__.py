@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sq-alpha", type=float, default=0.5, help="SmoothQuant migration strength (int8_sq)")
     p.add_argument("--calib-samples", type=int, default=64, help="calibration windows of local text (int8_sq, int4_awq)")
     p.add_argument("--max-batch-size", type=int, default=16)
-    p.add_argument("--max-input-len", type=int, default=768)
-    p.add_argument("--max-seq-len", type=int, default=1024)
+    p.add_argument("--max-input-len", type=int, default=None, help="default: max-seq-len - 1")
+    p.add_argument("--max-seq-len", type=int, default=None, help="default: the model's whole context")
     p.add_argument("--max-num-tokens", type=int, default=256)
     p.set_defaults(func=_engine)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -20,12 +20,21 @@ AWQ_GROUP_SIZES = (32,)  # TensorRT-LLM defaults to 128, which does not divide 5
 
 @dataclass(frozen=True)
 class BuildLimits:
-    """The same limits ``trtllm-build`` takes; the server refuses requests beyond them."""
+    """The same limits ``trtllm-build`` takes; the server refuses requests beyond them. ``max_seq_len`` None: the
+    model's whole context (its ``max_position_embeddings``), as vLLM and llama-server serve it: the paged KV cache
+    (cpu_engine/block_manager.py) costs memory for the tokens held, not for slots × max_seq_len. ``max_input_len``
+    None: all of it but one position, for the first generated token."""
 
     max_batch_size: int = 16
-    max_input_len: int = 768
-    max_seq_len: int = 1024
+    max_input_len: int | None = None
+    max_seq_len: int | None = None
     max_num_tokens: int = 256
+
+    def resolved(self, max_position_embeddings: int) -> "BuildLimits":
+        seq = self.max_seq_len or max_position_embeddings
+        limits = replace(self, max_seq_len=seq, max_input_len=self.max_input_len or seq - 1)
+        limits.validate(max_position_embeddings)
+        return limits
 
     def validate(self, max_position_embeddings: int) -> None:
         if self.max_seq_len > max_position_embeddings:
@@ -132,7 +141,7 @@ def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, variant: st
     dtype = compute_dtype(variant)
     hf = json.loads((checkpoint / "config.json").read_text())
     pc = pretrained_config(hf, dtype)
-    limits.validate(pc["max_position_embeddings"])
+    limits = limits.resolved(pc["max_position_embeddings"])
     weights = {}
     for name, tensor in tqdm(_hf_state_dict(checkpoint).items(), desc="loading fp32", unit="tensor"):
         name = name.removeprefix("model.")

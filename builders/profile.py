@@ -42,6 +42,12 @@ class LLMStage(_Strict):
     max_queue_size: int = Field(64, ge=1, description="requests waiting for a KV slot before UNAVAILABLE")
     cpu_threads: int = Field(0, ge=0, description="torch threads for the CPU engine; 0 = all cores")
     drain_timeout_s: float = Field(25.0, gt=0, description="finalize() waits this long for in-flight requests")
+    # TensorRT-LLM's names. 16,384 tokens is what the engine held before its cache was paged (16 slots × 1,024):
+    # now one request may take the whole 8,192-token context and the rest is shared, prefixes included.
+    max_tokens_in_paged_kv_cache: int | None = Field(
+        16384, ge=1, description="the CPU engine's KV cache, in tokens (its memory: docs/serving.md); None: "
+                                 "max_batch_size × max_seq_len")
+    enable_kv_cache_reuse: bool = Field(True, description="reuse the KV of a cached prompt prefix")
 
 
 class ServingProfile(_Strict):

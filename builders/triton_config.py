@@ -60,6 +60,8 @@ ENSEMBLE_INPUTS = (
 ENSEMBLE_OUTPUTS = (
     _t("text_output", "STRING", (-1,)), _t("finish_reason", "STRING"),
     _t("num_input_tokens", "INT32"), _t("num_output_tokens", "INT32"),
+    # Prompt tokens whose KV came from the prefix cache (TensorRT-LLM's kv_cache_reused_blocks × tokens_per_block).
+    _t("num_cached_tokens", "INT32"),
     # TensorRT-LLM's log-prob outputs ([beam, tokens] and [beam]; beam width 1) and sequence_index; the token bytes
     # and the top alternatives are ours. Each covers the generated tokens whose text this response carries
     # (serving/sequence_output.py); empty when not asked for.
@@ -149,6 +151,9 @@ def llm_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
                         {"engine_dir": p.engine_dir, "tokenizer_dir": p.tokenizer_dir,
                          "max_queue_size": p.llm.max_queue_size, "cpu_threads": p.llm.cpu_threads,
                          "drain_timeout_s": p.llm.drain_timeout_s})
+    if p.target == "cpu":  # the CPU engine's own paged cache; the GPU layout's comes from its TrtllmOptions
+        cfg.parameters["max_tokens_in_paged_kv_cache"].string_value = str(p.llm.max_tokens_in_paged_kv_cache or "")
+        cfg.parameters["enable_kv_cache_reuse"].string_value = str(p.llm.enable_kv_cache_reuse).lower()
     cfg.model_transaction_policy.decoupled = True
     # No dynamic batcher: execute() only enqueues, so Triton's queue stays short without one (the engine's bounded
     # queue rejects), and Triton 2.51's batcher can sleep out its 500 ms timeout with the instance free (B12 in

@@ -187,6 +187,7 @@ class Completion:
     index: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None
     cum_log_prob: float | None = None
+    num_cached_tokens: int = 0  # prompt tokens whose KV the server took from its prefix cache
 
 
 @dataclass(frozen=True)
@@ -404,6 +405,7 @@ class ResponseCollector:
         self._logprobs = params.wants_logprobs
         self._sequences = {i: _SequenceState() for i in range(params.sequences)}
         self._num_input_tokens = 0
+        self._num_cached_tokens = 0
         self._start = 0.0
         self.sent = False
 
@@ -424,6 +426,9 @@ class ResponseCollector:
         num_input = _first(result, "num_input_tokens")
         if num_input is not None:
             self._num_input_tokens = int(num_input)
+        num_cached = _first(result, "num_cached_tokens")
+        if num_cached is not None:
+            self._num_cached_tokens = int(num_cached)
         index = _first(result, "sequence_index")
         index = 0 if index is None else int(index)
         seq = self._sequences.setdefault(index, _SequenceState())
@@ -457,4 +462,5 @@ class ResponseCollector:
                 num_input_tokens=self._num_input_tokens, num_output_tokens=seq.num_output_tokens,
                 timings=Timings.measure(self._start, seq.text_times, now, seq.num_output_tokens),
                 request_id=self.request_id, index=index,
-                logprobs=tuple(seq.tokens) if self._logprobs else None, cum_log_prob=seq.cum_log_prob))
+                logprobs=tuple(seq.tokens) if self._logprobs else None, cum_log_prob=seq.cum_log_prob,
+                num_cached_tokens=self._num_cached_tokens))

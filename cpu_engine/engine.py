@@ -71,10 +71,19 @@ class EngineLimits:
 
 @dataclass
 class PrefixCacheStats:
-    """Prompt tokens since start: taken from the cache (hit) or computed (missed); engine thread writes."""
+    """Prompts since start: tokens taken from the cache (hit) or computed (missed), and their blocks as
+    TensorRT-LLM counts them (a prompt's last, partial block is a missed one); engine thread writes."""
 
     hit_tokens: int = 0
     missed_tokens: int = 0
+    reused_blocks: int = 0
+    missed_blocks: int = 0
+
+    def add(self, prompt_len: int, cached: int, block_size: int) -> None:
+        self.hit_tokens += cached
+        self.missed_tokens += prompt_len - cached
+        self.reused_blocks += cached // block_size
+        self.missed_blocks += -(-prompt_len // block_size) - cached // block_size
 
 
 class LLMEngine:
@@ -127,6 +136,12 @@ class LLMEngine:
     @property
     def kv_occupancy(self) -> float:
         return self._kv_used
+
+    @property
+    def kv_size(self) -> tuple[int, int]:
+        """(capacity, cached) token positions: the pool, and the cached prefixes no running sequence holds."""
+        stats = self.blocks.stats()
+        return stats.total * self.blocks.block_size, stats.cached * self.blocks.block_size
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting work, let in-flight requests finish (up to ``timeout``), then stop the loop."""
@@ -229,12 +244,12 @@ class LLMEngine:
                 self._fail([seq], exc)
 
     def _spawn(self, seq: Sequence) -> list[Sequence]:
-        """Once the prompt is in the cache: sequences 1..n-1 get a copy of its KV rows (and counts) in the slots
-        held for them, and start decoding from the same last-prompt logits. Returns all n."""
+        """Once the prompt is in the cache: sequences 1..n-1 share its KV blocks (a shared block is copied before one
+        of them writes into it: scheduler.py), get its counts in the rows held for them, and start decoding from
+        the same last-prompt logits. Returns all n."""
         req = seq.request
-        if seq.request.probe is False and seq.cached_tokens is not None:
-            self.prefix_cache.hit_tokens += seq.cached_tokens
-            self.prefix_cache.missed_tokens += seq.prompt_len - seq.cached_tokens
+        if not req.probe:
+            self.prefix_cache.add(seq.prompt_len, seq.cached_tokens, self.blocks.block_size)
         children = [Sequence(req, index=i, slot=slot, prefilled=seq.prefilled, sampler=Sampler(req.sampling, i),
                              stops=seq.stops and seq.stops.fresh(), blocks=self.blocks.share(seq.blocks),
                              progress=CommitProgress(seq.progress.blocks, seq.progress.parent),

@@ -173,9 +173,9 @@ class Scheduler:
             return False
         position, probe, bs = seq.length - 1, seq.request.probe, self.blocks.block_size
         need = int(position // bs >= len(seq.blocks)) + int(self.blocks.needs_copy(seq.blocks, position))
+        younger = self.running[self.running.index(seq) + 1:]  # older ones may already hold this step's block
         while need > self.blocks.available(probe):
-            victim = next((s for s in reversed(self.running)
-                           if s is not seq and s.blocks and not s.request.probe), None)
+            victim = next((s for s in reversed(younger) if s.blocks and not s.request.probe), None)
             self.preempt(victim or seq)
             if victim is None:
                 return False

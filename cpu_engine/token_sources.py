@@ -2,7 +2,7 @@
 
 Both sources take cpu_engine's ``GenerationRequest`` and report cpu_engine's ``TokenEvent`` through ``on_event``
 (one event per request per step, the last one with its finish reason), and have the engine's surface the stand-in
-uses: ``start``, ``submit``, ``queued``, ``active``, ``kv_occupancy``, ``shutdown``.
+uses: ``start``, ``submit``, ``queued``, ``active``, ``kv_occupancy``, ``kv_size``, ``shutdown``.
 
 - ``engine``: the CPU engine itself (cpu_engine.LLMEngine, public API only), so outputs are real and the GPU
   layout's answers can be compared with the CPU layout's token for token.
@@ -69,6 +69,8 @@ class NullSource:
         and output would hold (none is kept here), so the occupancy gauge moves as an engine's would."""
         held = sum(len(request.prompt_ids) + len(output) for request, output in list(self._running.values()))
         return held / (self.limits.max_batch_size * self.limits.max_seq_len)
+
+    kv_size = None  # no cache of its own
 
     def shutdown(self, timeout: float | None = None) -> None:
         self._admission.stop()

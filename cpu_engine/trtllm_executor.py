@@ -25,8 +25,10 @@ executor's behaviour:
 - ``cancel_request`` ends the request with CANCELLED (polled by the engine every 20 ms, as the executor checks at
   its next iteration); a request of higher ``priority`` than the default is scheduled before the waiting ones even
   when every slot is taken (here: the engine's probe row, cpu_engine/kv_cache.py);
-- ``get_latest_iteration_stats`` reports requests and KV use the way the executor's ``IterationStats`` do (the CPU
-  engine's cache is one row of ``max_seq_len`` per slot: one token per block).
+- ``get_latest_iteration_stats`` reports requests and KV blocks the way the executor's ``IterationStats`` do: the CPU
+  engine's cache is paged too (``KvCacheConfig``'s ``max_tokens`` and ``enable_block_reuse`` size and switch it),
+  with its reused and missed blocks since start; ``OutputConfig(return_perf_metrics=True)`` adds a result's
+  ``request_perf_metrics.kv_cache_metrics`` (the blocks its prompt reused, allocated and missed).
 
 Stand-in options (token source, its pace, threads, the tokenizer for guides) come from ``configure``, which only the
 CPU layout's renderer sets (builders/trtllm/standin.py), never the adapter.
@@ -236,6 +238,23 @@ class Result:
     log_probs: list[list[float]] | None = None
     cum_log_probs: list[float] | None = None
     decoding_iter: int = 0
+    request_perf_metrics: "RequestPerfMetrics | None" = None
+
+
+@dataclass
+class KvCacheMetrics:
+    """A request's prompt blocks (``RequestPerfMetrics.KvCacheMetrics``), counted when its context is allocated."""
+
+    num_total_allocated_blocks: int = 0
+    num_new_allocated_blocks: int = 0
+    num_reused_blocks: int = 0
+    num_missed_blocks: int = 0
+    kv_cache_hit_rate: float = 0.0
+
+
+@dataclass
+class RequestPerfMetrics:
+    kv_cache_metrics: KvCacheMetrics = field(default_factory=KvCacheMetrics)
 
 
 class Response:
@@ -327,9 +346,12 @@ class Executor:
         self.max_input_len, self.max_seq_len = build["max_input_len"], build["max_seq_len"]
         self.max_batch_size = config.max_batch_size or build["max_batch_size"]
         self._max_queue_size = config.max_queue_size or _UNBOUNDED_QUEUE
+        kv = config.kv_cache_config
         limits = EngineLimits(max_batch_size=self.max_batch_size, max_seq_len=self.max_seq_len,
                               max_num_tokens=config.max_num_tokens or build["max_num_tokens"],
-                              max_queue_size=self._max_queue_size)
+                              max_queue_size=self._max_queue_size, max_tokens_in_paged_kv_cache=kv.max_tokens,
+                              enable_kv_cache_reuse=kv.enable_block_reuse)
+        self.tokens_per_block = limits.tokens_per_block
         self._guided = config.guided_decoding_config
         self._ids = itertools.count(1)
         self._running: dict[str, _Running] = {}  # engine request id (str of ours) → state
@@ -419,8 +441,6 @@ class Executor:
 
     def get_latest_iteration_stats(self) -> list[IterationStats]:
         active, queued = self.source.active, self.source.queued
-        blocks = self.max_batch_size * self.max_seq_len
-        used = round(self.source.kv_occupancy * blocks)
         with self._lock:
             no_token = sum(not r.first_token for r in self._running.values())
         context = max(min(no_token - queued, active), 0)
@@ -428,12 +448,26 @@ class Executor:
         return [IterationStats(
             timestamp=time.strftime("%m-%d-%Y %H:%M:%S.000000"), iter=self._iteration, num_active_requests=active,
             num_queued_requests=queued, max_num_active_requests=self.max_batch_size,
-            # Every slot steps in every iteration and the cache holds max_seq_len per slot: nothing in a slot is
-            # ever held back (scheduled = active, none paused), as on a GPU whose KV cache is not the limit.
-            kv_cache_stats=KvCacheStats(max_num_blocks=blocks, free_num_blocks=blocks - used, used_num_blocks=used,
-                                        tokens_per_block=1),
+            # Every running sequence steps in every iteration: scheduled = active, none paused (a sequence the
+            # engine preempted for blocks is recomputed inside the same iterations, cpu_engine/scheduler.py).
+            kv_cache_stats=self._kv_cache_stats(),
             inflight_batching_stats=InflightBatchingStats(num_scheduled_requests=active, num_context_requests=context,
                                                           num_gen_requests=active - context))]
+
+    def _kv_cache_stats(self) -> KvCacheStats:
+        if isinstance(self.source, NullSource):  # no cache: its occupancy over max_batch_size × max_seq_len tokens
+            blocks = self.max_batch_size * self.max_seq_len
+            used = round(self.source.kv_occupancy * blocks)
+            return KvCacheStats(max_num_blocks=blocks, free_num_blocks=blocks - used, used_num_blocks=used,
+                                tokens_per_block=1)
+        stats, prefix = self.source.blocks.stats(), self.source.prefix_cache
+        looked_up = prefix.reused_blocks + prefix.missed_blocks
+        # Cached blocks nobody holds count as free, as in TensorRT-LLM (they are reclaimed when needed).
+        return KvCacheStats(max_num_blocks=stats.total, free_num_blocks=stats.total - stats.used,
+                            used_num_blocks=stats.used, tokens_per_block=self.tokens_per_block,
+                            alloc_total_blocks=looked_up, alloc_new_blocks=prefix.missed_blocks,
+                            reused_blocks=prefix.reused_blocks, missed_blocks=prefix.missed_blocks,
+                            cache_hit_rate=prefix.reused_blocks / looked_up if looked_up else 0.0)
 
     def shutdown(self) -> None:
         if not self._shut_down:
@@ -507,11 +541,20 @@ class Executor:
         final = running.ended == running.sequences
         if final:
             self._forget(event.request_id)
-        wants = running.request.output_config.return_log_probs
+        output = running.request.output_config
+        wants = output.return_log_probs
         self._responses.put(Response(request_id, Result(
             is_final=final, output_token_ids=[new], finish_reasons=[reason], sequence_index=index,
             is_sequence_final=ended, log_probs=[logprobs] if wants else None,
-            cum_log_probs=[running.cum_log_probs[index]] if wants else None)))
+            cum_log_probs=[running.cum_log_probs[index]] if wants else None,
+            request_perf_metrics=self._perf_metrics(event) if output.return_perf_metrics else None)))
+
+    def _perf_metrics(self, event: TokenEvent) -> RequestPerfMetrics:
+        total = -(-event.num_input_tokens // self.tokens_per_block)
+        reused = event.cached_tokens // self.tokens_per_block
+        return RequestPerfMetrics(KvCacheMetrics(num_total_allocated_blocks=total, num_new_allocated_blocks=total - reused,
+                                                 num_reused_blocks=reused, num_missed_blocks=total - reused,
+                                                 kv_cache_hit_rate=reused / total if total else 0.0))
 
     def _forget(self, request_id: str) -> None:
         with self._lock:

@@ -176,6 +176,9 @@ class ExecutorEngine:
             return 0.0
         return kv.used_num_blocks / kv.max_num_blocks if kv is not None and kv.max_num_blocks else 0.0
 
+    # The executor's KV blocks are reported as TensorRT-LLM's nv_trt_llm_kv_cache_block_metrics (serving/trtllm_metrics.py).
+    kv_size = None
+
     def iteration_stats(self):
         """The executor's newest ``IterationStats`` (None before its first iteration), for the nv_trt_llm gauges."""
         return self._stats

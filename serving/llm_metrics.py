@@ -44,13 +44,25 @@ class LLMMetrics:
         self.queued = _family("llm_engine_queued_requests", "Requests accepted and not yet generating (waiting for a "
                               "slot; GPU layout: in the executor's queue or context phase)", gauge).Metric(labels=labels)
         self.active = _family("llm_engine_active_slots", "KV-cache slots holding a request", gauge).Metric(labels=labels)
-        self.kv_occupancy = _family("llm_engine_kv_cache_occupancy", "Fraction of KV-cache token positions in use",
-                                    gauge).Metric(labels=labels)
+        self.kv_occupancy = _family("llm_engine_kv_cache_occupancy", "Fraction of the KV cache's blocks held by "
+                                    "running requests", gauge).Metric(labels=labels)
+        self.cache_hits = _family("llm_prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix "
+                                  "cache", counter).Metric(labels=labels)
+        self.cache_misses = _family("llm_prefix_cache_missed_tokens_total", "Prompt tokens computed (not found in "
+                                    "the prefix cache)", counter).Metric(labels=labels)
+        self.kv_capacity = _family("llm_engine_kv_cache_capacity_tokens", "Token positions the paged KV cache holds "
+                                   "(CPU engine)", gauge).Metric(labels=labels)
+        self.kv_cached = _family("llm_engine_kv_cache_cached_tokens", "Token positions of cached prefixes no "
+                                 "running request holds: reused by a matching prompt, evicted least recently used "
+                                 "first (CPU engine)", gauge).Metric(labels=labels)
         self._next_gauge_update = 0.0
 
     def request_finished(self, reason: str, arrival: float, first_token: float | None, end: float,
-                         prompt_tokens: int, output_tokens: int) -> None:
+                         prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> None:
         self.prompt_tokens.increment(prompt_tokens)
+        if first_token is not None:  # a request that never ran was never looked up
+            self.cache_hits.increment(cached_tokens)
+            self.cache_misses.increment(prompt_tokens - cached_tokens)
         self.generation_tokens.increment(output_tokens)
         self.finished[reason].increment(1)
         if first_token is not None:
@@ -59,11 +71,16 @@ class LLMMetrics:
             if output_tokens > 1:
                 self.tpot.observe((end - first_token) / (output_tokens - 1))
 
-    def update_gauges(self, queued: int, active: int, kv_occupancy: float, force: bool = False) -> None:
+    def update_gauges(self, queued: int, active: int, kv_occupancy: float, force: bool = False,
+                      kv_size: tuple[int, int] | None = None) -> None:
+        """``kv_size``: (capacity, cached) token positions, from an engine with a paged cache of its own."""
         now = time.monotonic()
         if not force and now < self._next_gauge_update:
             return
         self._next_gauge_update = now + GAUGE_PERIOD_S
+        if kv_size is not None:
+            self.kv_capacity.set(kv_size[0])
+            self.kv_cached.set(kv_size[1])
         # The cache before the counts: a scrape that sees no slot held and nothing queued sees the cache free too.
         self.kv_occupancy.set(kv_occupancy)
         self.queued.set(queued)

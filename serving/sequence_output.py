@@ -26,6 +26,7 @@ class Chunk:
     ids: list[int]  # the echoed prompt (first chunk only), then generated tokens
     num_input_tokens: int
     num_output_tokens: int
+    num_cached_tokens: int = 0
     finish_reason: str = ""  # "" on every response but the sequence's last one
     final: bool = False
     sequence_index: int = 0
@@ -43,6 +44,7 @@ class SequenceOutput:
     sequence_index: int = 0
     generated: int = 0
     cum_logprob: float = 0.0
+    num_cached_tokens: int = 0  # the engine says with the first token
     _held: list[int] = field(default_factory=list)  # generated ids not sent yet
     _held_logprobs: list[TokenLogprob] = field(default_factory=list)
     _chunker: Utf8Chunker | None = None
@@ -98,5 +100,5 @@ class SequenceOutput:
         ids, logprobs = taken
         if self.echo_ids:
             ids, self.echo_ids = self.echo_ids + ids, []
-        return Chunk(ids, self.num_input_tokens, self.generated, sequence_index=self.sequence_index,
+        return Chunk(ids, self.num_input_tokens, self.generated, self.num_cached_tokens, sequence_index=self.sequence_index,
                      logprobs=logprobs, cum_logprob=self.cum_logprob)

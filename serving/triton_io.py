@@ -82,6 +82,7 @@ def llm_response(table: list[bytes], chunk: Chunk, outputs: Collection[str]) -> 
         "finish_reason": lambda: np.array([[chunk.finish_reason.encode()]], dtype=object),
         "num_input_tokens": lambda: np.array([[chunk.num_input_tokens]], dtype=np.int32),
         "num_output_tokens": lambda: np.array([[chunk.num_output_tokens]], dtype=np.int32),
+        "num_cached_tokens": lambda: np.array([[chunk.num_cached_tokens]], dtype=np.int32),
         "output_log_probs": lambda: np.array([lp.logprob for lp in lps], dtype=np.float32).reshape(1, 1, -1),
         "cum_log_probs": lambda: np.array([[chunk.cum_logprob]], dtype=np.float32),
         "output_token_bytes": lambda: np.array([token(i) for i in generated], dtype=object).reshape(1, -1),

@@ -71,7 +71,8 @@ def test_health_and_metadata(triton):
                                                    "return_log_probs", "top_logprobs", "num_return_sequences",
                                                    "guided_decoding_guide_type", "guided_decoding_guide"}
     assert {o["name"] for o in meta["outputs"]} == {"text_output", "finish_reason", "num_input_tokens",
-                                                    "num_output_tokens", "output_log_probs", "cum_log_probs",
+                                                    "num_output_tokens", "num_cached_tokens", "output_log_probs",
+                                                    "cum_log_probs",
                                                     "output_token_bytes", "top_logprob_bytes", "top_logprob_values",
                                                     "sequence_index"}
     assert requests.get(triton.urls.metrics).status_code == 200

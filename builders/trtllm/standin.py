@@ -40,7 +40,9 @@ def standin_configs(profile: ServingProfile, token_source: str = "engine", optio
 
     if token_source not in TOKEN_SOURCES:
         raise ValueError(f"token source {token_source!r}: expected one of {', '.join(TOKEN_SOURCES)}")
-    options = options or TrtllmOptions(max_tokens_in_paged_kv_cache="unset")
+    # The CPU profile's KV budget and reuse switch: the stand-in's cache is the CPU engine's, paged the same way.
+    options = options or TrtllmOptions(max_tokens_in_paged_kv_cache=profile.llm.max_tokens_in_paged_kv_cache or "unset",
+                                       enable_kv_cache_reuse=profile.llm.enable_kv_cache_reuse)
     gpu_profile = profile.resolved().model_copy(update={"target": "trtllm"})
     if find_tokenizer_info(gpu_profile.engine_dir) is None:  # what the GPU build writes beside its engine
         write_tokenizer_info(gpu_profile.tokenizer_dir, gpu_profile.engine_dir)

@@ -83,9 +83,10 @@ class ResponseBuilder:
                 yield self.event("response.function_call_arguments.delta", item_id=item["id"],
                                   output_index=self.output.index(item), delta=delta.arguments)
 
-    def finish(self, finish_reason: str, input_tokens: int, output_tokens: int) -> Iterator[str]:
+    def finish(self, finish_reason: str, input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> Iterator[str]:
         yield from self._close()
-        self.usage = {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        self.usage = {"input_tokens": input_tokens,
+                      "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
                       "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": input_tokens + output_tokens}
         if finish_reason == "length":

@@ -277,7 +277,8 @@ def _sse(obj: BaseModel | dict) -> str:
 
 def _usage(completions: list[Completion]) -> Usage:
     """The prompt is counted once; every choice's tokens are completion tokens (OpenAI's usage with n > 1)."""
-    return Usage.of(completions[0].num_input_tokens, sum(c.num_output_tokens for c in completions))
+    return Usage.of(completions[0].num_input_tokens, sum(c.num_output_tokens for c in completions),
+                    completions[0].num_cached_tokens)
 
 
 def _entry(token: TopLogprob) -> dict:
@@ -471,7 +472,8 @@ def create_app(front: FrontDoor, cors_origins: Sequence[str] = ()) -> FastAPI:
             rest, more = parser.finish() if parser else ("", [])
             for _ in (*builder.start(), *builder.add(text + rest, calls + more),
                       *builder.finish(_finish_reason(completion.finish_reason, False),
-                                      completion.num_input_tokens, completion.num_output_tokens)):
+                                      completion.num_input_tokens, completion.num_output_tokens,
+                                      completion.num_cached_tokens)):
                 pass
             _count_tokens(Usage.of(completion.num_input_tokens, completion.num_output_tokens))
             return JSONResponse(builder.response())
@@ -503,7 +505,7 @@ def create_app(front: FrontDoor, cors_origins: Sequence[str] = ()) -> FastAPI:
             _count_tokens(Usage.of(completion.num_input_tokens, completion.num_output_tokens))
             yield "".join(builder.add(rest, more)) + "".join(builder.finish(
                 _finish_reason(completion.finish_reason, False), completion.num_input_tokens,
-                completion.num_output_tokens))
+                completion.num_output_tokens, completion.num_cached_tokens))
         except Exception as exc:  # noqa: BLE001 - after the headers, an error is an SSE event
             error = exc if isinstance(exc, OpenAIError) else _responses_error(exc)
             yield builder.event("error", code=error.code, message=error.message, param=error.param)

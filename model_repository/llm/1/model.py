@@ -77,7 +77,9 @@ class TritonPythonModel:
 
     def _limits(self, build: dict, params: dict) -> EngineLimits:
         return EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
-                            max_num_tokens=build["max_num_tokens"], max_queue_size=int(params["max_queue_size"]))
+                            max_num_tokens=build["max_num_tokens"], max_queue_size=int(params["max_queue_size"]),
+                            max_tokens_in_paged_kv_cache=int(params.get("max_tokens_in_paged_kv_cache") or 0) or None,
+                            enable_kv_cache_reuse=params.get("enable_kv_cache_reuse", "true") == "true")
 
     def _open_cpu_engine(self, params: dict):
         threads = int(params.get("cpu_threads", "0")) or os.cpu_count()
@@ -150,7 +152,7 @@ class TritonPythonModel:
                 self._forget(gen.request_id)
                 sender.send(error_response(exc), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if submitted:  # at once, not at the next period: a drain must never read a stale "idle"
-            self.metrics.update_gauges(self.engine.queued, self.engine.active, self.engine.kv_occupancy, force=True)
+            self._update_gauges(force=True)
         return None
 
     def _stop(self, client_id: str, sender) -> None:
@@ -272,7 +274,11 @@ class TritonPythonModel:
                 chunk = stream.sequences[index].ready()
                 if chunk is not None:
                     self._send(stream, chunk, final=False)
-            self.metrics.update_gauges(self.engine.queued, self.engine.active, self.engine.kv_occupancy)
+            self._update_gauges()
+
+    def _update_gauges(self, force: bool = False) -> None:
+        engine = self.engine
+        self.metrics.update_gauges(engine.queued, engine.active, engine.kv_occupancy, force, engine.kv_size)
 
     def _take(self, stream: _Stream, event: TokenEvent):
         if event.token_id is None:
@@ -280,7 +286,9 @@ class TritonPythonModel:
         if stream.first_token is None:
             stream.first_token = time.monotonic()
         logprobs = None if event.logprob is None else [TokenLogprob(event.logprob, event.top_logprobs)]
-        stream.sequences[event.sequence_index].add([event.token_id], logprobs)
+        sequence = stream.sequences[event.sequence_index]
+        sequence.num_cached_tokens = event.cached_tokens
+        sequence.add([event.token_id], logprobs)
 
     def _finish(self, stream: _Stream, event: TokenEvent):
         """One sequence ended; the request ends with its last sequence (that response is the final one). A sequence
@@ -293,11 +301,11 @@ class TritonPythonModel:
             self._forget(event.request_id)
             self.metrics.request_finished("error" if stream.failed else event.finish_reason.value, stream.arrival,
                                           stream.first_token, time.monotonic(), event.num_input_tokens,
-                                          stream.output_tokens)
+                                          stream.output_tokens, event.cached_tokens)
             if self.trt_metrics is not None:
                 self.trt_metrics.request_finished(event.num_input_tokens, stream.output_tokens)
             # Before the final response: a client that has its answer reads the slot free on /metrics.
-            self.metrics.update_gauges(self.engine.queued, self.engine.active, self.engine.kv_occupancy, force=True)
+            self._update_gauges(force=True)
         if event.finish_reason is FinishReason.ERROR:
             self._send(stream, None, final=last, error=event.error)
         else:

@@ -1,0 +1,127 @@
+"""Prefix reuse and the paged KV cache in the engine: exact against Hugging Face, under pressure and preemption.
+
+Hugging Face's greedy ``generate`` on the same checkpoint is the oracle; the engine runs with small blocks
+(``tokens_per_block`` 8) so prompts span many blocks and end mid-block.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cpu_engine import FinishReason, GenerationRequest, SamplingParams
+from tests.test_engine import Collector, hf_model, start_engine  # noqa: F401 - the fixture
+
+SYSTEM = list(range(40, 40 + 61))  # 61 tokens: 7 whole blocks of 8 and 5 more
+
+
+def greedy(model, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def run(engine, collector, requests):
+    for request in requests:
+        engine.submit(request)
+    collector.wait(len(collector.done) + len(requests))
+
+
+def cached(collector, rid) -> int:
+    return collector.events[rid][-1].cached_tokens
+
+
+def test_a_shared_system_prompt_is_prefilled_once_and_answers_stay_exact(engine_dir, hf_model):
+    _, model = hf_model
+    collector = Collector()
+    engine = start_engine(engine_dir, collector, tokens_per_block=8)
+    run(engine, collector, [GenerationRequest("first", SYSTEM + [7], max_new_tokens=12)])
+    assert cached(collector, "first") == 0
+    # 16 at once after it: each takes the 7 whole blocks the first left, none of the partial one.
+    prompts = {f"r{i}": SYSTEM + [200 + i, 300 + i] for i in range(16)}
+    run(engine, collector, [GenerationRequest(rid, p, max_new_tokens=12) for rid, p in prompts.items()])
+    stats = engine.prefix_cache
+    engine.shutdown(10)
+    assert collector.tokens("first") == greedy(model, SYSTEM + [7], 12)
+    for rid, prompt in prompts.items():
+        assert cached(collector, rid) == 56
+        assert collector.tokens(rid) == greedy(model, prompt, 12), rid
+    assert stats.hit_tokens == 16 * 56 and stats.missed_tokens == 62 + 16 * 7
+
+
+def test_a_chat_turn_reuses_the_previous_turns_prompt_and_answer(engine_dir, hf_model):
+    _, model = hf_model
+    collector = Collector()
+    engine = start_engine(engine_dir, collector, tokens_per_block=8)
+    history, computed = SYSTEM[:20], 0
+    for turn in range(4):
+        history = history + [500 + turn, 501 + turn]
+        run(engine, collector, [GenerationRequest(f"t{turn}", history, max_new_tokens=10)])
+        answer = collector.tokens(f"t{turn}")
+        assert answer == greedy(model, history, 10), turn
+        # The whole blocks of the last turn are found again: its prompt and the answer it generated (all but the
+        # answer's last token, which ended the request before it was fed back).
+        assert cached(collector, f"t{turn}") == computed // 8 * 8
+        history = history + answer
+        computed = len(history) - 1
+    engine.shutdown(10)
+
+
+def test_cache_off_matches_cache_on_and_reports_nothing_cached(engine_dir):
+    outputs = {}
+    for reuse in (True, False):
+        collector = Collector()
+        engine = start_engine(engine_dir, collector, tokens_per_block=8, enable_kv_cache_reuse=reuse)
+        run(engine, collector, [GenerationRequest("a", SYSTEM + [1], max_new_tokens=16)])
+        run(engine, collector, [GenerationRequest("b", SYSTEM + [2], max_new_tokens=16,
+                                                  sampling=SamplingParams(temperature=0.8, seed=3),
+                                                  num_return_sequences=3)])
+        engine.shutdown(10)
+        outputs[reuse] = [collector.tokens(k) for k in ("a", "b")]
+        assert cached(collector, "b") == (56 if reuse else 0)
+    assert outputs[True] == outputs[False]
+
+
+def test_a_pool_under_pressure_evicts_and_preempts_without_changing_a_token(engine_dir, hf_model):
+    """A pool of 40 blocks (320 tokens) for 8 sequences growing to 130 tokens each: prefixes are evicted and
+    sequences preempted and recomputed, and every answer still equals Hugging Face's."""
+    _, model = hf_model
+    collector = Collector()
+    engine = start_engine(engine_dir, collector, tokens_per_block=8, max_tokens_in_paged_kv_cache=320)
+    prompts = {f"p{i}": [(i * 37 + j) % 500 + 3 for j in range(30 + i)] for i in range(8)}
+    run(engine, collector, [GenerationRequest(rid, p, max_new_tokens=100) for rid, p in prompts.items()])
+    preemptions = engine.scheduler.preemptions
+    stats = engine.blocks.stats()
+    engine.shutdown(10)
+    assert preemptions > 0
+    for rid, prompt in prompts.items():
+        assert collector.tokens(rid) == greedy(model, prompt, 100), rid
+        assert collector.done[rid] == FinishReason.LENGTH
+    assert stats.used == 0 and engine.kv_occupancy == 0
+
+
+def test_a_cancelled_request_gives_its_blocks_back_and_keeps_its_prefix_cached(engine_dir):
+    collector = Collector()
+    engine = start_engine(engine_dir, collector, tokens_per_block=8)
+    cancel = {"now": False}
+    engine.submit(GenerationRequest("c", SYSTEM + [9], max_new_tokens=150, is_cancelled=lambda: cancel["now"]))
+    while len(collector.events.get("c", [])) < 3:
+        pass
+    cancel["now"] = True
+    collector.wait(1)
+    assert collector.done["c"] == FinishReason.CANCELLED
+    run(engine, collector, [GenerationRequest("d", SYSTEM + [10], max_new_tokens=2)])
+    stats = engine.blocks.stats()
+    engine.shutdown(10)
+    assert cached(collector, "d") == 56 and stats.used == 0
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_the_pool_is_sized_by_its_budget_not_by_slots_times_max_seq_len(engine_dir, reuse):
+    collector = Collector()
+    engine = start_engine(engine_dir, collector, tokens_per_block=16, max_tokens_in_paged_kv_cache=1024,
+                          enable_kv_cache_reuse=reuse)
+    stats = engine.blocks.stats()
+    engine.shutdown(10)
+    assert stats.total == 64 and engine.cache.num_blocks == 65  # + the sink, besides the probe's reserve
