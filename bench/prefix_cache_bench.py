@@ -46,9 +46,8 @@ def system_prompt(tokenizer, target_tokens: int = 1000) -> str:
 
     text = "You are a careful assistant. Answer in one short sentence, using only the reference text below.\n\n"
     for paragraph in evaluation_texts():
-        if len(tokenizer(text + paragraph).input_ids) > target_tokens:
-            break
-        text += paragraph + "\n\n"
+        if len(tokenizer(text + paragraph).input_ids) <= target_tokens:
+            text += paragraph + "\n\n"
     return text
 
 
@@ -148,9 +147,9 @@ def llama_cpp_peer(system: str, tokenizer, work: Path, quick: bool) -> dict | No
     if not (gguf.exists() and cached(gguf, stamp)):
         export_gguf(CHECKPOINT, gguf, "f32", name="smollm2")
         write_stamp(gguf, stamp)
-    ids = [tokenizer.apply_chat_template(messages(system, [(q, None)]), add_generation_prompt=True, tokenize=True)
-           for q in QUESTIONS[:4 if quick else 8]]
-    ids = [list(i["input_ids"]) if isinstance(i, dict) else list(i) for i in ids]
+    texts = [tokenizer.apply_chat_template(messages(system, [(q, None)]), add_generation_prompt=True, tokenize=False)
+             for q in QUESTIONS[:4 if quick else 8]]
+    ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
     out = {}
     for cache in (False, True):
         res = _llama_job(py, {"op": "prefix", "gguf": str(gguf), "threads": 2, "n_ctx": 4096,

@@ -101,6 +101,7 @@ class _Live:
     # watch's IPC round trips never hold up the other requests' responses).
     answered: bool = False
     guard: threading.Lock = field(default_factory=threading.Lock)
+    cached_tokens: int = 0  # the executor's reused prompt blocks × tokens_per_block (its perf metrics)
 
 
 class ExecutorEngine:
@@ -212,8 +213,9 @@ class ExecutorEngine:
         kwargs = {
             "streaming": True,  # always: the llm holds a non-streamed answer back itself
             "sampling_config": trtllm.SamplingConfig(1, **{k: v for k, v in sampling.items() if v is not None}),
+            # return_perf_metrics: each result's kv_cache_metrics, whose reused blocks are the cached prompt tokens.
             "output_config": trtllm.OutputConfig(return_log_probs=request.return_log_probs,
-                                                 exclude_input_from_output=True),
+                                                 exclude_input_from_output=True, return_perf_metrics=True),
             "end_id": request.end_id, "stop_words": request.stop_words or None,
             "bad_words": bad_words or None,
             # A float32 torch tensor [vocab_size], as tensorrtllm_backend's own Python model passes it.
@@ -259,6 +261,9 @@ class ExecutorEngine:
                                                      seq.generated, index, error=response.error_msg))
             return True
         result = response.result
+        if result.request_perf_metrics is not None:
+            reused = result.request_perf_metrics.kv_cache_metrics.num_reused_blocks
+            live.cached_tokens = reused * self.limits.tokens_per_block
         index = result.sequence_index
         seq = live.sequences[index]
         if not seq.ended:
@@ -273,13 +278,13 @@ class ExecutorEngine:
                 elif i == len(tokens) - 1 and ended:
                     reason = self._reason(result.finish_reasons[0], seq, request)
                 self._emit(live, seq, TokenEvent(request.request_id, token, reason, prompt, seq.generated, index,
-                                                 logprobs[i] if logprobs else None))
+                                                 logprobs[i] if logprobs else None, cached_tokens=live.cached_tokens))
                 if seq.ended:
                     break
             if ended and not seq.ended:  # the end id ended it: no token comes with that
                 self._emit(live, seq, TokenEvent(request.request_id, None,
                                                  self._reason(result.finish_reasons[0], seq, request),
-                                                 prompt, seq.generated, index))
+                                                 prompt, seq.generated, index, cached_tokens=live.cached_tokens))
             if live.answered and not result.is_final and not live.cancel_sent:
                 live.cancel_sent = True  # stop strings ended every sequence here: free the slot now
                 self.executor.cancel_request(response.request_id)
