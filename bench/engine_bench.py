@@ -655,12 +655,13 @@ def bench_triton(model: BenchModel, variant: str, engine_dir: Path, opts: Option
             records.append(rec)
         # After the top concurrency: every slot has held a sequence, so the KV cache and kernels' buffers are in.
         records[-1]["llm_rss_mb"] = MONITOR.rss_mb("python stub: llm")
-        records[-1]["rss_budget_mb"] = engine_memory_budget_mb(engine_dir)
+        records[-1]["rss_budget_mb"] = engine_memory_budget_mb(engine_dir, profile.llm.max_tokens_in_paged_kv_cache)
     return records
 
 
-def engine_memory_budget_mb(engine_dir: Path) -> float:
-    """Issue 15's memory bound for the llm process: weights file + the whole KV cache + 300 MB."""
+def engine_memory_budget_mb(engine_dir: Path, kv_tokens: int | None) -> float:
+    """Issue 15's memory bound for the llm process: weights file + the whole KV cache (``kv_tokens``, the paged
+    pool; None: max_batch_size × max_seq_len) + 300 MB."""
     from cpu_engine import read_config
     from cpu_engine.engine_dir import WEIGHTS_FILE
 
@@ -668,7 +669,7 @@ def engine_memory_budget_mb(engine_dir: Path) -> float:
     pc, build = config["pretrained_config"], config["build_config"]
     element = 4 if pc["dtype"] == "float32" else 2
     kv = 2 * pc["num_hidden_layers"] * pc["num_key_value_heads"] * pc["head_size"] * element
-    kv *= build["max_batch_size"] * build["max_seq_len"]
+    kv *= kv_tokens or build["max_batch_size"] * build["max_seq_len"]
     return round(((engine_dir / WEIGHTS_FILE).stat().st_size + kv) / 2**20 + 300, 1)
 
 

@@ -12,7 +12,8 @@
 # stand-in shows it, docs/gpu.md), and print TTFT / throughput and greedy agreement with the fp16 engine. On the
 # fp16 server, before its requests: the wedge storm (tests/reliability/scripts/wedge_storm.py --url, hang-up storms
 # for STRESS_SECONDS) with the liveness check (GET /health/generate) polled throughout: no stall, no failed probe;
-# after its requests, a forced tool call (valid JSON of the tool's schema) and a logit_bias request.
+# after its requests, a forced tool call (valid JSON of the tool's schema), a logit_bias request, and KV-cache reuse
+# reported as num_cached_tokens (a shared prefix's second request).
 # Run it inside the GPU image:
 #
 #   docker run --rm --gpus all --shm-size=2g -v "$PWD:/work" -w /work \
@@ -244,6 +245,23 @@ call = json.loads(body)
 assert call["name"] == "get_weather" and call["arguments"]["city"] in ("Paris", "Rome"), text
 forced = generate(text_input="Hello", max_tokens=4, embedding_bias_token_ids=[42], embedding_bias_weights=[100.0])
 print(json.dumps({"tool_call": call, "logit_bias_text": forced}))
+
+# KV-cache reuse as the llm reports it (docs/gpu.md, "KV-cache reuse"): the executor's perf metrics give the second
+# request sharing a ~300-token prefix its reused blocks; the greedy answer of a repeat must not change.
+def cached(prompt):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/ensemble/generate",
+                                 json.dumps({"text_input": prompt, "max_tokens": 16}).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        out = json.loads(resp.read())
+    return out["num_cached_tokens"], out["text_output"]
+
+prefix = "You answer questions about Python modules, briefly and kindly. " * 24
+first, _ = cached(prefix + "What is os?")
+second, text = cached(prefix + "What is re?")
+again, repeat = cached(prefix + "What is re?")
+print(json.dumps({"cached_tokens": [first, second, again]}))
+assert first == 0 and second >= 128 and again >= second and repeat == text, (first, second, again)
 PYEOF
     fi
     stop_server

@@ -25,7 +25,7 @@ from .kv_cache import KVCache
 from .model import Transformer
 from .sampling import LogProbTable, Sampler, TokenCounts, sample
 from .stop_strings import StopStrings
-from .scheduler import FinishReason, GenerationRequest, Scheduler, Sequence
+from .scheduler import FinishReason, GenerationRequest, Scheduler, Sequence, SlotPool
 from .threads import on_scratch_thread
 
 
@@ -441,33 +441,3 @@ def block_tables(seqs: list[Sequence]) -> torch.Tensor:
     """[B, N] the sequences' block tables, padded with block 0."""
     width = max(len(s.blocks) for s in seqs)
     return torch.tensor([s.blocks + [0] * (width - len(s.blocks)) for s in seqs])
-
-
-class SlotPool:
-    """Row numbers for the sequences decoding at once (the penalties' token counts are kept per row); one more row
-    is the liveness probe's, so a probe runs even when every row is taken."""
-
-    def __init__(self, num_slots: int):
-        self._free = list(range(num_slots - 1, -1, -1))
-        self.probe_slot = num_slots
-        self._probe_free = True
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    def allocate(self) -> int:
-        return self._free.pop()
-
-    def allocate_probe(self) -> int | None:
-        """The probe's row, or None while another probe holds it."""
-        if not self._probe_free:
-            return None
-        self._probe_free = False
-        return self.probe_slot
-
-    def release(self, slot: int) -> None:
-        if slot == self.probe_slot:
-            self._probe_free = True
-        else:
-            self._free.append(slot)

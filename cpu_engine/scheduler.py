@@ -200,3 +200,33 @@ class Scheduler:
             self.waiting.remove(seq)
         elif seq in self.probes:
             self.probes.remove(seq)
+
+
+class SlotPool:
+    """Row numbers for the sequences decoding at once (the penalties' token counts are kept per row); one more row
+    is the liveness probe's, so a probe runs even when every row is taken."""
+
+    def __init__(self, num_slots: int):
+        self._free = list(range(num_slots - 1, -1, -1))
+        self.probe_slot = num_slots
+        self._probe_free = True
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        return self._free.pop()
+
+    def allocate_probe(self) -> int | None:
+        """The probe's row, or None while another probe holds it."""
+        if not self._probe_free:
+            return None
+        self._probe_free = False
+        return self.probe_slot
+
+    def release(self, slot: int) -> None:
+        if slot == self.probe_slot:
+            self._probe_free = True
+        else:
+            self._free.append(slot)
