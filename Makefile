@@ -12,7 +12,10 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
 MODEL_DIR := build/models/smollm2
-ENGINE_DIR := build/engines/smollm2-fp32
+# VARIANT=<name>: serve another CPU engine variant (fp32 bf16 int8_wo int8_sq int4_awq fp8; quality of each in
+# docs/evaluation.md), built once into its own folder. The default is the profile's engine (fp32).
+CPU_VARIANT := $(or $(VARIANT),fp32)
+ENGINE_DIR := build/engines/smollm2-$(CPU_VARIANT)
 REPOSITORY := build/model_repository
 PROFILE := builders/profiles/cpu.yaml
 
@@ -61,19 +64,21 @@ $(MODEL_DIR)/model.safetensors: $(VENV)/.installed builders/model_source.py
 model: $(MODEL_DIR)/model.safetensors
 
 $(ENGINE_DIR)/config.json: $(MODEL_DIR)/model.safetensors builders/cpu_build.py
-	$(PY) -m builders engine --target cpu --checkpoint $(MODEL_DIR) --output $(ENGINE_DIR)
+	$(PY) -m builders engine --target cpu --checkpoint $(MODEL_DIR) --output $(ENGINE_DIR) --variant $(CPU_VARIANT)
 
 engine: $(ENGINE_DIR)/config.json
 
 # Rendered every time (it takes well under a second) so it always matches the profile.
 repository: $(ENGINE_DIR)/config.json
-	$(PY) -m builders repository --profile $(PROFILE) --out $(REPOSITORY)
+	$(PY) -m builders repository --profile $(PROFILE) --out $(REPOSITORY) --engine-dir $(ENGINE_DIR)
 
 # LAYOUT=trtllm-standin: the GPU layout (the llm over TensorRT-LLM's executor API) with the stand-in executor over
 # the same CPU engine (model_repository/README.md); same ports, drain, liveness and OpenAI front door.
 LAYOUT ?= cpu
 serve: repository
-	$(if $(filter trtllm-standin,$(LAYOUT)),$(PY) -m builders.trtllm standin --profile $(PROFILE) --out $(REPOSITORY),\
+	@echo "make serve: the CPU engine's $(CPU_VARIANT) variant ($(ENGINE_DIR)); VARIANT=<name> serves another"
+	$(if $(filter trtllm-standin,$(LAYOUT)),$(PY) -m builders.trtllm standin --profile $(PROFILE) --out $(REPOSITORY) \
+	  --engine-dir $(ENGINE_DIR),\
 	  $(if $(filter cpu,$(LAYOUT)),,$(error LAYOUT must be cpu or trtllm-standin, not '$(LAYOUT)')))
 	exec $(PY) -m serving serve --model-repository $(REPOSITORY)
 

@@ -91,8 +91,10 @@ def _standin(argv):
     p.add_argument("--profile", default=str(PROJECT_ROOT / "builders/profiles/cpu.yaml"), help="a CPU profile")
     p.add_argument("--out", default=str(PROJECT_ROOT / "build/model_repository"))
     p.add_argument("--token-source", choices=TOKEN_SOURCES, default="engine")
+    p.add_argument("--engine-dir", default=None, help="override the profile's engine_dir")
     a = p.parse_args(argv)
-    out = render_layout("trtllm-standin", ServingProfile.from_yaml(a.profile), a.out, a.token_source)
+    out = render_layout("trtllm-standin", ServingProfile.from_yaml(a.profile, engine_dir=a.engine_dir), a.out,
+                        a.token_source)
     print(f"GPU layout with the stand-in executor ({a.token_source} tokens) rendered to {out}")
     return 0
 
