@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,3 +52,23 @@ def test_make_serve_then_the_first_request(make_args, tmp_path, kind):
     assert "openai front door ready on" in log
     # Stop order: the front door finishes its streams before Triton's drain starts.
     assert log.index("OpenAI http://localhost:") < log.index("draining: new requests are refused")
+
+
+def test_make_serve_variant_builds_and_serves_that_engine():
+    """`make serve VARIANT=int8_wo` (dry run): that variant's engine is built into its own folder and the repository
+    is rendered over it, for either layout; the default stays the profile's engine."""
+    root = Path(__file__).resolve().parent.parent
+
+    def dry(*args: str) -> str:
+        # -B: every target as if out of date, so the engine's build line shows whether or not it is built here
+        return subprocess.run(["make", "-n", "-B", "-C", str(root), "serve", *args], capture_output=True, text=True,
+                              check=True).stdout
+
+    out = dry("VARIANT=int8_wo")
+    assert "--output build/engines/smollm2-int8_wo --variant int8_wo" in out
+    assert "--engine-dir build/engines/smollm2-int8_wo" in out
+    assert "the CPU engine's int8_wo variant" in out
+    assert "standin" in dry("VARIANT=int8_wo", "LAYOUT=trtllm-standin")
+    assert "--engine-dir build/engines/smollm2-int8_wo" in dry("VARIANT=int8_wo", "LAYOUT=trtllm-standin")
+    profile = yaml.safe_load((root / "builders" / "profiles" / "cpu.yaml").read_text())
+    assert f"--engine-dir {profile['engine_dir']}" in dry()
