@@ -45,8 +45,8 @@ class LLMStage(_Strict):
     # TensorRT-LLM's names. 16,384 tokens is what the engine held before its cache was paged (16 slots × 1,024):
     # now one request may take the whole 8,192-token context and the rest is shared, prefixes included.
     max_tokens_in_paged_kv_cache: int | None = Field(
-        16384, ge=1, description="the CPU engine's paged KV cache, in tokens (README: KV cache and prefix "
-                                 "caching); None: max_batch_size × max_seq_len")
+        16384, ge=1, description="the CPU engine's paged KV cache, in tokens, at most max_batch_size × "
+                                 "max_seq_len (README: KV cache and prefix caching); None: that most")
     enable_kv_cache_reuse: bool = Field(True, description="reuse the KV of a cached prompt prefix")
 
 

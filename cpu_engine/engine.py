@@ -57,15 +57,17 @@ class EngineLimits:
     max_seq_len: int
     max_num_tokens: int  # per-step token budget (decode rows + prompt chunks)
     max_queue_size: int  # requests waiting for a slot before new ones are rejected
-    # The paged KV cache's size, TensorRT-LLM's names. None: max_batch_size × max_seq_len, never less than one
-    # whole sequence and a block to copy (what lets the oldest sequence always proceed: scheduler.py).
+    # The paged KV cache's size, TensorRT-LLM's names: never more than max_batch_size × max_seq_len (what running
+    # sequences can hold; TensorRT-LLM's memory budget caps it the same way, so occupancy can reach 1), never less
+    # than one whole sequence and a block to copy (what lets the oldest sequence always proceed: scheduler.py).
     max_tokens_in_paged_kv_cache: int | None = None
     tokens_per_block: int = 32
     enable_kv_cache_reuse: bool = True
 
     @property
     def kv_cache_blocks(self) -> int:
-        tokens = self.max_tokens_in_paged_kv_cache or self.max_batch_size * self.max_seq_len
+        most = self.max_batch_size * self.max_seq_len
+        tokens = min(self.max_tokens_in_paged_kv_cache or most, most)
         return max(-(-tokens // self.tokens_per_block), -(-self.max_seq_len // self.tokens_per_block) + 1) + 1
 
 

@@ -117,11 +117,12 @@ def test_a_cancelled_request_gives_its_blocks_back_and_keeps_its_prefix_cached(e
     assert cached(collector, "d") == 56 and stats.used == 0
 
 
-@pytest.mark.parametrize("reuse", [True, False])
-def test_the_pool_is_sized_by_its_budget_not_by_slots_times_max_seq_len(engine_dir, reuse):
+@pytest.mark.parametrize("budget, blocks", [(1024, 64), (10**6, 8 * 256 // 16), (100, 256 // 16 + 1)])
+def test_the_pool_is_sized_by_its_budget_within_what_sequences_can_hold(engine_dir, budget, blocks):
+    """The budget, capped at max_batch_size × max_seq_len (8 × 256 here) and never below one whole sequence plus
+    a block to copy."""
     collector = Collector()
-    engine = start_engine(engine_dir, collector, tokens_per_block=16, max_tokens_in_paged_kv_cache=1024,
-                          enable_kv_cache_reuse=reuse)
+    engine = start_engine(engine_dir, collector, tokens_per_block=16, max_tokens_in_paged_kv_cache=budget)
     stats = engine.blocks.stats()
     engine.shutdown(10)
-    assert stats.total == 64 and engine.cache.num_blocks == 65  # + the sink, besides the probe's reserve
+    assert stats.total == blocks and engine.cache.num_blocks == blocks + 1  # + the sink, besides the probe's reserve
