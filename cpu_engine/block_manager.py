@@ -54,7 +54,10 @@ class BlockManager:
         self._key: list[tuple | None] = [None] * total
         self._committed: dict[tuple, int] = {}
         self._cached: OrderedDict[int, None] = OrderedDict()  # committed, refs 0; oldest release first
-        self._free = list(range(1, num_blocks))  # a heap: lowest id first keeps one sequence's blocks adjacent
+        # A heap (lowest id first) with a set beside it: a block taken out of turn (_fresh's ``after``) leaves its
+        # heap entry behind, skipped when popped.
+        self._free = list(range(1, num_blocks))
+        self._free_set = set(self._free)
         self._probe_free = list(range(num_blocks, total))
         self._probe_ids = frozenset(self._probe_free)
         self.num_blocks = num_blocks - 1
@@ -62,11 +65,11 @@ class BlockManager:
     # ---- capacity ----------------------------------------------------------------------------------
     def available(self, probe: bool = False) -> int:
         """Blocks a sequence could get now (free, or cached and evictable)."""
-        return len(self._free) + len(self._cached) + (len(self._probe_free) if probe else 0)
+        return len(self._free_set) + len(self._cached) + (len(self._probe_free) if probe else 0)
 
     def stats(self) -> BlockStats:
-        return BlockStats(self.num_blocks, self.num_blocks - len(self._free) - len(self._cached), len(self._cached),
-                          len(self._free))
+        free = len(self._free_set)
+        return BlockStats(self.num_blocks, self.num_blocks - free - len(self._cached), len(self._cached), free)
 
     # ---- a sequence's blocks -----------------------------------------------------------------------
     def take_prefix(self, tokens: list[int], limit: int, progress: CommitProgress) -> list[int]:
@@ -88,7 +91,8 @@ class BlockManager:
         need = -(-length // self.block_size) - len(blocks)
         if need > self.available(probe):
             return False
-        blocks.extend(self._fresh(probe) for _ in range(need))
+        for _ in range(need):
+            blocks.append(self._fresh(probe, blocks[-1] if blocks else None))
         return True
 
     def writable(self, blocks: list[int], position: int) -> tuple[int, int] | None:
@@ -143,6 +147,7 @@ class BlockManager:
                 self._cached[block] = None
             else:
                 heapq.heappush(self._free, block)
+                self._free_set.add(block)
         blocks.clear()
 
     # ---- internals ---------------------------------------------------------------------------------
@@ -151,15 +156,33 @@ class BlockManager:
             del self._cached[block]
         self._refs[block] += 1
 
-    def _fresh(self, probe: bool = False) -> int:
+    def _fresh(self, probe: bool = False, after: int | None = None) -> int:
+        """A block nobody holds: the one right after ``after`` if it is free or merely cached (a row whose blocks
+        are adjacent is read as a view, not copied: model.Step), else the lowest free one, else the least recently
+        released cached one."""
+        nxt = None if after is None or probe else after + 1
         if probe and self._probe_free:
             block = self._probe_free.pop()
-        elif self._free:
+        elif nxt in self._free_set:
+            block = nxt
+            self._free_set.discard(block)
+            if len(self._free) > 2 * len(self._free_set) + 64:  # too many stale heap entries: rebuild
+                self._free = sorted(self._free_set)
+        elif nxt in self._cached:
+            block = self._evict(nxt)
+        elif self._free_set:
             block = heapq.heappop(self._free)
-        else:  # evict the least recently released cached block
-            block, _ = self._cached.popitem(last=False)
-            del self._committed[self._key[block]]
-            self._key[block] = None
+            while block not in self._free_set:  # taken out of turn earlier
+                block = heapq.heappop(self._free)
+            self._free_set.discard(block)
+        else:
+            block = self._evict(next(iter(self._cached)))
         self._generation[block] += 1
         self._refs[block] = 1
+        return block
+
+    def _evict(self, block: int) -> int:
+        del self._cached[block]
+        del self._committed[self._key[block]]
+        self._key[block] = None
         return block

@@ -107,11 +107,16 @@ class Step:
     cos: torch.Tensor
     sin: torch.Tensor
     mask: torch.Tensor | None  # [B, 1, T, kv_len]; None when every query sees every key
-    reads: torch.Tensor | None  # [B, kv_len] the cache rows of each row's positions 0..kv_len-1
-    run: int  # one row whose blocks are adjacent: its keys are the cache rows run… as a view, not gathered
+    reads: torch.Tensor | None  # [B × kv_len] the cache rows of each row's positions 0..kv_len-1, row after row
+    runs: tuple[tuple[int, int], ...]  # one row: (first cache row, length) of each run of adjacent blocks
 
-    def read(self, cache: torch.Tensor) -> torch.Tensor:
-        return cache[self.reads] if self.reads is not None else cache[self.run:self.run + self.kv_len][None]
+    def read(self, cache: torch.Tensor) -> list[torch.Tensor]:
+        """Positions 0..kv_len-1 of each row as [B, L, kv_heads, head_dim]: views of one row's runs of adjacent
+        blocks, or one gathered tensor."""
+        if self.reads is None:
+            return [cache[start:start + n][None] for start, n in self.runs]
+        # index_select, not cache[reads]: 5.5× faster for 16 rows × 704 positions (122 vs 671 µs a tensor).
+        return [cache.index_select(0, self.reads).view(-1, self.kv_len, *cache.shape[1:])]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -127,6 +132,19 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         scores = scores.masked_fill(~mask.view(b, 1, 1, -1), float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return (probs @ v).view(b, h, 1, d)
+
+
+def _attend_runs(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> torch.Tensor:
+    """One query (a decode step of one row) over keys/values held in several runs [1, KVH, L_i, D], none copied:
+    scores per run, one softmax over them all, then the runs' weighted values summed. A reused prefix and the
+    sequence's own blocks are two runs; gathering them into one tensor cost batch-1 decode 18 % at 700 positions."""
+    _, h, _, d = q.shape
+    kvh = ks[0].shape[1]
+    qg = q.reshape(1, kvh, h // kvh, d)
+    scores = torch.cat([qg @ k.transpose(-1, -2) for k in ks], dim=-1) * d ** -0.5
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    parts = probs.split([k.shape[2] for k in ks], dim=-1)
+    return sum(p @ v for p, v in zip(parts, vs)).view(1, h, 1, d)
 
 
 class Attention(nn.Module):
@@ -145,10 +163,13 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x).view(b, t, h + 2 * kvh, self.args.head_dim)
         qk = _rope(qkv[:, :, :h + kvh], step.cos, step.sin)
         # This block's keys/values go to the cache rows of each row's positions (its blocks).
-        k_cache[step.writes] = qk[:, :, h:]
-        v_cache[step.writes] = qkv[:, :, h + kvh:]
-        out = _attend(qk[:, :, :h].transpose(1, 2), step.read(k_cache).transpose(1, 2),
-                      step.read(v_cache).transpose(1, 2), step.mask)
+        rows = step.writes.flatten()
+        k_cache.index_copy_(0, rows, qk[:, :, h:].reshape(-1, kvh, self.args.head_dim))
+        v_cache.index_copy_(0, rows, qkv[:, :, h + kvh:].reshape(-1, kvh, self.args.head_dim))
+        ks = [k.transpose(1, 2) for k in step.read(k_cache)]
+        vs = [v.transpose(1, 2) for v in step.read(v_cache)]
+        q = qk[:, :, :h].transpose(1, 2)
+        out = _attend(q, ks[0], vs[0], step.mask) if len(ks) == 1 else _attend_runs(q, ks, vs)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, h * self.args.head_dim))
 
 
@@ -219,10 +240,26 @@ class Transformer(nn.Module):
         if blocks.shape[1] < needed:
             blocks = F.pad(blocks, (0, needed - blocks.shape[1]))
         writes = blocks.gather(1, positions // block_size) * block_size + positions % block_size
-        ids = blocks[0, :needed].tolist() if blocks.shape[0] == 1 else None
-        if ids is not None and ids == list(range(ids[0], ids[0] + needed)):
-            reads, run = None, ids[0] * block_size
+        runs = _runs(blocks[0, :needed].tolist(), block_size, kv_len) if blocks.shape[0] == 1 else ()
+        # Views instead of a copy: one row's adjacent blocks, or its runs of them in a decode step (_attend_runs).
+        if len(runs) == 1 or (1 < len(runs) <= MAX_RUNS and mask is None):
+            reads = None
         else:
             keys = torch.arange(kv_len)
-            reads, run = blocks[:, keys // block_size] * block_size + keys % block_size, 0
-        return Step(positions, writes, kv_len, cos.to(dtype), sin.to(dtype), mask, reads, run)
+            reads, runs = (blocks[:, keys // block_size] * block_size + keys % block_size).flatten(), ()
+        return Step(positions, writes, kv_len, cos.to(dtype), sin.to(dtype), mask, reads, runs)
+
+
+MAX_RUNS = 8  # more runs than this: one gathered copy beats as many small matmuls
+
+
+def _runs(ids: list[int], block_size: int, length: int) -> tuple[tuple[int, int], ...]:
+    """(first cache row, rows) of each run of adjacent blocks in ``ids``, covering positions 0..length-1."""
+    runs: list[list[int]] = []
+    for i, block in enumerate(ids):
+        if runs and block == ids[i - 1] + 1:
+            runs[-1][1] += block_size
+        else:
+            runs.append([block * block_size, block_size])
+    runs[-1][1] -= len(ids) * block_size - length
+    return tuple((start, n) for start, n in runs)

@@ -142,3 +142,15 @@ def test_random_traffic_keeps_the_counts_consistent():
         found = manager.take_prefix(tokens, len(tokens), CommitProgress())
         assert found == blocks[:len(found)]
         manager.release(found)
+
+
+def test_a_sequence_grows_into_the_block_after_its_last_when_nobody_holds_it():
+    """Adjacent blocks are read as one view (model.Step): the next block is taken when free or merely cached."""
+    manager = BlockManager(16, BS)
+    a, _ = filled(manager, [1] * 12)  # blocks 1, 2, 3 committed
+    manager.release(a)
+    progress = CommitProgress()
+    blocks = manager.take_prefix([1] * 8 + [2] * 4, 11, progress)  # blocks 1, 2 again; 3 holds other tokens
+    assert blocks == [1, 2] and manager.grow(blocks, 16)
+    assert blocks == [1, 2, 3, 4]  # 3 evicted from the cache rather than a far block taken
+    assert manager.take_prefix([1] * 13, 12, CommitProgress())[:2] == [1, 2]

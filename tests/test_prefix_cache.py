@@ -126,3 +126,24 @@ def test_the_pool_is_sized_by_its_budget_within_what_sequences_can_hold(engine_d
     stats = engine.blocks.stats()
     engine.shutdown(10)
     assert stats.total == blocks and engine.cache.num_blocks == blocks + 1  # + the sink, besides the probe's reserve
+
+
+@pytest.mark.parametrize("placement", ["adjacent", "two runs", "scattered"])
+def test_a_decode_step_reads_the_same_keys_whatever_blocks_hold_them(engine_dir, placement):
+    """model.Step reads one row's KV as one view (adjacent blocks), as views of runs (_attend_runs) or gathered:
+    the logits of a decode step agree with those over adjacent blocks to float32 rounding."""
+    from cpu_engine import load_engine
+    from cpu_engine.kv_cache import KVCache
+
+    loaded = load_engine(engine_dir)
+    ids = list(range(5, 5 + 101))  # 100 prefilled + 1 decoded, over blocks of 8: 13 blocks
+    tables = {"adjacent": list(range(1, 14)), "two runs": list(range(1, 8)) + list(range(20, 26)),
+              "scattered": [30, 2, 17, 9, 25, 4, 12, 28, 6, 21, 14, 1, 33]}
+    logits = {}
+    with torch.inference_mode():
+        for name in ("adjacent", placement):
+            cache = KVCache(loaded.model.args, 40, 8, loaded.compute_dtype, probe_blocks=0)
+            blocks = torch.tensor([tables[name]])
+            loaded.model(torch.tensor([ids[:100]]), torch.arange(100)[None], blocks, cache)
+            logits[name] = loaded.model(torch.tensor([[ids[100]]]), torch.tensor([[100]]), blocks, cache)
+    torch.testing.assert_close(logits[placement], logits["adjacent"], rtol=1e-5, atol=1e-5)
