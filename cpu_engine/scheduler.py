@@ -43,7 +43,7 @@ class GenerationRequest:
     is_cancelled: Callable[[], bool] = lambda: False
     return_log_probs: bool = False
     top_logprobs: int = 0  # alternatives per token (0..20), with return_log_probs
-    # 1..8: the prompt is prefilled once, then its KV rows are copied; sequence i samples with seed + i.
+    # 1..8: the prompt is prefilled once, then its KV blocks are shared; sequence i samples with seed + i.
     num_return_sequences: int = 1
     # A compiled grammar: guide.matcher(end_id=...) gives each sequence an object with fill(bitmask, row),
     # accept(token) and finished() (cpu_engine/grammar.py); end_id is the stop token it allows once complete.

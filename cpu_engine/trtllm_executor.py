@@ -24,7 +24,7 @@ executor's behaviour:
   size of N has been reached, please try again later");
 - ``cancel_request`` ends the request with CANCELLED (polled by the engine every 20 ms, as the executor checks at
   its next iteration); a request of higher ``priority`` than the default is scheduled before the waiting ones even
-  when every slot is taken (here: the engine's probe row, cpu_engine/kv_cache.py);
+  when every slot is taken (here: the engine's probe row and KV blocks, cpu_engine/scheduler.py, kv_cache.py);
 - ``get_latest_iteration_stats`` reports requests and KV blocks the way the executor's ``IterationStats`` do: the CPU
   engine's cache is paged too (``KvCacheConfig``'s ``max_tokens`` and ``enable_block_reuse`` size and switch it),
   with its reused and missed blocks since start; ``OutputConfig(return_perf_metrics=True)`` adds a result's
