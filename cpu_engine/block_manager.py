@@ -34,6 +34,12 @@ class CommitProgress:
     parent: tuple[int, int] = _ROOT
 
 
+def prompt_blocks(prompt_len: int, cached_tokens: int, block_size: int) -> tuple[int, int]:
+    """(blocks a prompt's KV takes, of which reused from the prefix cache), as TensorRT-LLM counts them: the last,
+    partial block is a newly allocated (missed) one."""
+    return -(-prompt_len // block_size), cached_tokens // block_size
+
+
 @dataclass
 class BlockStats:
     total: int  # blocks sequences can use (the probe reserve and the sink excluded)

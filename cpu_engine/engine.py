@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from .admission import Admission
-from .block_manager import BlockManager, CommitProgress
+from .block_manager import BlockManager, CommitProgress, prompt_blocks
 from .kv_cache import KVCache
 from .model import Transformer
 from .sampling import LogProbTable, Sampler, TokenCounts, sample
@@ -82,10 +82,11 @@ class PrefixCacheStats:
     missed_blocks: int = 0
 
     def add(self, prompt_len: int, cached: int, block_size: int) -> None:
+        total, reused = prompt_blocks(prompt_len, cached, block_size)
         self.hit_tokens += cached
         self.missed_tokens += prompt_len - cached
-        self.reused_blocks += cached // block_size
-        self.missed_blocks += -(-prompt_len // block_size) - cached // block_size
+        self.reused_blocks += reused
+        self.missed_blocks += total - reused
 
 
 class LLMEngine:

@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 
 from .admission import QueueFullError
+from .block_manager import prompt_blocks
 from .engine import EngineLimits, LLMEngine, TokenEvent
 from .engine_dir import load_engine, read_config
 from .sampling import SamplingParams
@@ -550,8 +551,7 @@ class Executor:
             request_perf_metrics=self._perf_metrics(event) if output.return_perf_metrics else None)))
 
     def _perf_metrics(self, event: TokenEvent) -> RequestPerfMetrics:
-        total = -(-event.num_input_tokens // self.tokens_per_block)
-        reused = event.cached_tokens // self.tokens_per_block
+        total, reused = prompt_blocks(event.num_input_tokens, event.cached_tokens, self.tokens_per_block)
         return RequestPerfMetrics(KvCacheMetrics(num_total_allocated_blocks=total, num_new_allocated_blocks=total - reused,
                                                  num_reused_blocks=reused, num_missed_blocks=total - reused,
                                                  kv_cache_hit_rate=reused / total if total else 0.0))
