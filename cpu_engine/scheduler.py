@@ -173,8 +173,8 @@ class Scheduler:
             return False
         position, probe, bs = seq.length - 1, seq.request.probe, self.blocks.block_size
         need = int(position // bs >= len(seq.blocks)) + int(self.blocks.needs_copy(seq.blocks, position))
-        younger = self.running[self.running.index(seq) + 1:]  # older ones may already hold this step's block
         while need > self.blocks.available(probe):
+            younger = self.running[self.running.index(seq) + 1:]  # older ones may already hold this step's block
             victim = next((s for s in reversed(younger) if s.blocks and not s.request.probe), None)
             self.preempt(victim or seq)
             if victim is None:
