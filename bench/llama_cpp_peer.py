@@ -47,33 +47,45 @@ def quantize(job: dict) -> dict:
     return {"seconds": time.perf_counter() - start}
 
 
-def run(job: dict) -> dict:
+def _load(job: dict, n_ctx: int):
     import llama_cpp
 
     threads = int(job.get("threads", 2))
-    start = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=job["gguf"], n_ctx=int(job.get("n_ctx", 1024)), n_batch=512,
-                          n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
-    load_s = time.perf_counter() - start
+    return llama_cpp.Llama(model_path=job["gguf"], n_ctx=int(job.get("n_ctx", n_ctx)), n_batch=512,
+                           n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
+
+
+def _greedy_tokens(llm, new_tokens: int) -> tuple[list[int], list[float]]:
+    """``new_tokens`` greedy tokens after the prompt already evaluated, end-of-sequence masked; each one's time."""
+    import llama_cpp
+
     n_vocab, eos = llm.n_vocab(), llm.token_eos()
+    out, times = [], []
+    while True:
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+        masked = logits.copy()
+        if 0 <= eos < n_vocab:
+            masked[eos] = -np.inf
+        out.append(int(np.argmax(masked)))
+        times.append(time.perf_counter())
+        if len(out) >= new_tokens:
+            return out, times
+        llm.eval([out[-1]])
+
+
+def run(job: dict) -> dict:
+    import llama_cpp
+
+    start = time.perf_counter()
+    llm = _load(job, 1024)
+    load_s = time.perf_counter() - start
     new_tokens = int(job["new_tokens"])
 
     def greedy(ids: list[int]) -> dict:
         llm.reset()
         t0 = time.perf_counter()
-        out, times = [], []
         llm.eval(ids)
-        while True:
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
-            masked = logits.copy()
-            if 0 <= eos < n_vocab:
-                masked[eos] = -np.inf
-            token = int(np.argmax(masked))
-            out.append(token)
-            times.append(time.perf_counter())
-            if len(out) >= new_tokens:
-                break
-            llm.eval([token])
+        out, times = _greedy_tokens(llm, new_tokens)
         return {"tokens": out, "start": t0, "times": times}
 
     for _ in range(int(job.get("warmup", 1))):
@@ -87,10 +99,7 @@ def run(job: dict) -> dict:
 def prefix(job: dict) -> dict:
     import llama_cpp
 
-    threads = int(job.get("threads", 2))
-    llm = llama_cpp.Llama(model_path=job["gguf"], n_ctx=int(job.get("n_ctx", 4096)), n_batch=512,
-                          n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
-    n_vocab, eos, new_tokens = llm.n_vocab(), llm.token_eos(), int(job["new_tokens"])
+    llm = _load(job, 4096)
     previous: list[int] = []
     results = []
     for request in job["requests"]:
@@ -102,17 +111,7 @@ def prefix(job: dict) -> dict:
                 keep += 1
         llm.n_tokens = keep  # eval() drops the KV cells past n_tokens before it appends
         llm.eval(ids[keep:])
-        out, times = [], []
-        while True:
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
-            masked = logits.copy()
-            if 0 <= eos < n_vocab:
-                masked[eos] = -np.inf
-            out.append(int(np.argmax(masked)))
-            times.append(time.perf_counter())
-            if len(out) >= new_tokens:
-                break
-            llm.eval([out[-1]])
+        out, times = _greedy_tokens(llm, int(job["new_tokens"]))
         previous = ids + out[:-1]  # what the slot's KV holds now
         results.append({"tokens": out, "start": t0, "times": times, "reused": keep})
     return {"results": results, "rss_mb": _rss_mb(), "version": llama_cpp.__version__}
