@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -10,8 +11,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from cpu_engine.engine_dir import CPU_ENGINE_VERSION, DTYPES, WEIGHTS_FILE
+from cpu_engine import native
+from cpu_engine.engine_dir import CPU_ENGINE_VERSION, DTYPES, NATIVE_VARIANTS, WEIGHTS_FILE
 from cpu_engine.quant import QUANT_ALGOS, bf16_supported, quantise_state_dict
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM"}
 VARIANTS = ("fp32", "bf16", "int8_wo", "int8_sq", "int4_awq", "fp8")
@@ -169,4 +173,15 @@ def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, variant: st
               "build_config": {**asdict(limits), "max_beam_width": 1, "plugin_config": {}, **build_extra},
               "source_checkpoint": str(checkpoint.resolve())}
     (output_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if variant in NATIVE_VARIANTS:
+        _build_native_kernels(output_dir)
     return output_dir
+
+
+def _build_native_kernels(engine_dir: Path) -> None:
+    """Ahead of time, next to the engine (cpu_engine/native.py): serving then loads them without a compiler. An
+    engine without them still serves, through the eager path that computes the same numbers."""
+    try:
+        native.build(engine_dir)
+    except (OSError, RuntimeError) as exc:
+        log.warning("the C++ kernels were not built (%s): this engine's projections will run eager PyTorch", exc)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from . import native
 from .model import ModelArgs, Transformer
 from .quant import QUANT_ALGOS, fp8_dequantise, fuse_projections, prepare_for_cpu, swap_linears
 from .threads import on_scratch_thread
@@ -22,6 +24,8 @@ CPU_ENGINE_VERSION = "cpu-engine-1"
 WEIGHTS_FILE = "rank0.safetensors"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 VARIANT_OF_QUANT_ALGO = {algo: variant for variant, algo in QUANT_ALGOS.items()}
+NATIVE_VARIANTS = ("int8_sq",)  # the variants whose projections have a C++ kernel (cpu_engine/native.py)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class LoadedEngine:
     config: dict
     compute_dtype: torch.dtype
     load_seconds: float
+    kernels: str  # "eager", or which C++ kernels run (native.describe())
 
     @property
     def build_config(self) -> dict:
@@ -78,10 +83,17 @@ def _load_engine(engine_dir: str | Path) -> LoadedEngine:
     model.load_state_dict(state, strict=True)
     if model.args.tie_word_embeddings:  # one tensor, as in the checkpoint (56 MB saved in bf16)
         model.lm_head.weight = model.embed_tokens.weight
-    prepare_for_cpu(model, variant, dtype)
+    native_kernels = False
+    if variant in NATIVE_VARIANTS:
+        why_not = native.load(engine_dir)
+        native_kernels = why_not is None
+        if why_not:
+            log.warning("%s projections run eager PyTorch, slower with the same numbers: %s", variant, why_not)
+    prepare_for_cpu(model, variant, dtype, native_kernels)
     del state
     _return_freed_memory()
-    return LoadedEngine(model.eval(), config, dtype, time.perf_counter() - start)
+    kernels = native.describe() if native_kernels else "eager"
+    return LoadedEngine(model.eval(), config, dtype, time.perf_counter() - start, kernels)
 
 
 def _return_freed_memory() -> None:

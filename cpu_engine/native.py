@@ -1,0 +1,107 @@
+"""The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): compiled ahead of time when an engine that uses
+them is built, cached next to the engine, and loaded with it; eager PyTorch computing the same numbers is the
+fallback wherever no library can be found or built (no compiler, another torch, ``LLM_CPU_KERNELS=eager``).
+
+A library is keyed by its sources, torch's version and the Python ABI, so an engine directory carried to a
+machine with another torch builds (or falls back) instead of loading a library built against other headers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCES = (Path(__file__).parent / "kernels" / "int8_linear.cpp",)
+LIBRARY = "llm_cpu_kernels"
+EAGER_ENV = "LLM_CPU_KERNELS"  # "eager": never load or build the library (A/B runs, fallback tests)
+_lock = threading.Lock()
+_loaded: Path | None = None
+
+
+def build_key() -> str:
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    digest.update(f"{torch.__version__}|{sys.implementation.cache_tag}|{platform.machine()}".encode())
+    return digest.hexdigest()[:16]
+
+
+def library_path(root: str | Path) -> Path:
+    """Where the library for these sources lives under ``root`` (an engine directory or the user cache)."""
+    return Path(root) / "kernels" / build_key() / f"{LIBRARY}.so"
+
+
+def user_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "triton-llm-stack"
+
+
+def build(root: str | Path) -> Path:
+    """Compile the kernels into ``root`` (torch's extension builder: g++ and ninja, ~8 s), in a child process so
+    that this one loads the library once, from where it is kept; the file is moved into place only when complete,
+    so concurrent builders and readers never see half a library."""
+    target = library_path(root)
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="llm-kernels-") as scratch:
+        compile_ = ("import sys; from torch.utils import cpp_extension; "
+                    "cpp_extension.load(name=sys.argv[1], sources=sys.argv[3:], build_directory=sys.argv[2], "
+                    "extra_cflags=['-O3'], is_python_module=False)")
+        done = subprocess.run([sys.executable, "-c", compile_, LIBRARY, scratch, *map(str, SOURCES)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError((done.stderr or done.stdout).strip().splitlines()[-1] if (done.stderr or done.stdout)
+                               else f"compiler exited {done.returncode}")
+        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+        shutil.copyfile(Path(scratch) / f"{LIBRARY}.so", partial)
+        os.replace(partial, target)
+    return target
+
+
+def load(engine_dir: str | Path | None) -> str | None:
+    """Make ``torch.ops.llm_cpu`` available in this process. Returns None when it is, else why not (the callers
+    then run their eager path). Looks next to the engine, then in the user cache; builds into the first of the
+    two that is writable when neither holds the library."""
+    global _loaded
+    if os.environ.get(EAGER_ENV, "").lower() == "eager":
+        return f"{EAGER_ENV}=eager"
+    with _lock:
+        if _loaded is not None:
+            return None
+        roots = ([Path(engine_dir)] if engine_dir is not None else []) + [user_cache()]
+        found = next((library_path(r) for r in roots if library_path(r).is_file()), None)
+        errors = []
+        if found is None:
+            for root in roots:
+                try:
+                    found = build(root)
+                    break
+                except (OSError, RuntimeError) as exc:  # no compiler or headers, a read-only directory: next root
+                    errors.append(f"{root}: {exc}")
+        if found is None:
+            return "could not build the C++ kernels (" + "; ".join(errors) + ")"
+        try:
+            torch.ops.load_library(str(found))
+        except (OSError, RuntimeError) as exc:
+            return f"could not load {found}: {exc}"
+        _loaded = found
+        return None
+
+
+def describe() -> str:
+    """Which kernels this process runs, for logs and the benchmark's table."""
+    if _loaded is None:
+        return "eager"
+    return f"C++ ({torch.ops.llm_cpu.int8_linear_isa()}) from {_loaded}"

@@ -1,0 +1,179 @@
+"""The engine's C++ kernels (cpu_engine/native.py): built with the engine, loaded from next to it, bit-identical to
+the eager path they replace, on oneDNN's real int8 kernels (never a ``ref_`` one), and an eager fallback that
+computes the same numbers where they cannot be built."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from builders.cpu_build import BuildLimits, build_cpu_engine
+from cpu_engine import native
+from cpu_engine.engine_dir import load_engine
+from cpu_engine.kv_cache import KVCache
+from cpu_engine.quant import SmoothQuantLinear
+from tests.conftest import TEST_LIMITS
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_PROJECTIONS_PER_STEP = 4  # qkv, o, gate_up, down: at least one layer's worth per step
+
+
+@pytest.fixture(scope="module")
+def int8_sq_engine(tiny_checkpoint, tmp_path_factory) -> Path:
+    return build_cpu_engine(tiny_checkpoint, tmp_path_factory.mktemp("engines") / "tiny-int8_sq", variant="int8_sq",
+                            limits=BuildLimits(**TEST_LIMITS), calib_samples=4)
+
+
+@pytest.fixture(scope="module")
+def kernels(int8_sq_engine):
+    assert native.load(int8_sq_engine) is None
+    return torch.ops.llm_cpu
+
+
+def _run(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=300)
+
+
+def test_the_engine_build_compiles_the_kernels_next_to_the_engine(int8_sq_engine, tmp_path):
+    library = native.library_path(int8_sq_engine)
+    assert library.is_file() and library.parent.parent == int8_sq_engine / "kernels"
+    # A fresh process with an empty cache and no compiler loads them from there: nothing is built at start.
+    done = _run(f"""
+        from cpu_engine.engine_dir import load_engine
+        print(load_engine({str(int8_sq_engine)!r}).kernels)
+    """, env={"XDG_CACHE_HOME": str(tmp_path / "cache"), "CXX": "/nonexistent/c++"})
+    assert done.returncode == 0, done.stderr
+    assert str(library) in done.stdout
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("isa", ["native", "scalar"])
+def test_int8_linear_is_bit_identical_to_the_eager_path(kernels, int8_sq_engine, isa):
+    """Every row count the engine sends (decode rows, chunks, a prompt), widths with and without a 16-lane tail,
+    fp32 and bf16 activations, outliers and an all-zero row. ``scalar``: the loops CPUs without AVX-512 take."""
+    cases = [(rows, in_f, out_f, dtype) for rows in (1, 3, 16, 130) for in_f, out_f in ((64, 96), (100, 37))
+             for dtype in (torch.float32, torch.bfloat16)]
+    code = f"""
+        import torch
+        from cpu_engine import native
+        from cpu_engine.quant import SmoothQuantLinear
+        assert native.load({str(int8_sq_engine)!r}) is None
+        failures = []
+        for rows, in_f, out_f, dtype in {[(r, i, o, str(d)) for r, i, o, d in cases]!r}:
+            torch.manual_seed(rows * in_f)
+            dtype = getattr(torch, dtype.removeprefix("torch."))
+            linear = SmoothQuantLinear(in_f, out_f)
+            w = torch.randn(out_f, in_f) * 0.05
+            linear.load_state_dict(SmoothQuantLinear.quantise(w, torch.rand(in_f) * 4 + 0.1, 0.5, w.abs().amax(0)))
+            x = torch.randn(rows, in_f) * 3
+            x[0, 5] = 80.0  # an outlier channel: one row's scale far from the others'
+            x[-1] = 0.0 if rows > 1 else x[-1]
+            x = x.to(dtype)
+            fused = torch.ops.llm_cpu.int8_linear(x, linear.inv_smooth, linear.weight, linear.scales)
+            eager = linear.eager(x)
+            if fused.dtype != eager.dtype or not torch.equal(fused, eager):
+                failures.append((rows, in_f, out_f, str(dtype)))
+        print(torch.ops.llm_cpu.int8_linear_isa(), failures)
+    """
+    done = _run(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
+    assert done.returncode == 0, done.stderr
+    chosen, failures = done.stdout.strip().split(" ", 1)
+    has_avx512 = "avx512bw" in Path("/proc/cpuinfo").read_text()
+    assert chosen == ("avx512" if isa == "native" and has_avx512 else "scalar")
+    assert failures == "[]"
+
+
+def _logits(loaded, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill logits of every position, then one 4-row decode step (rows at different positions)."""
+    model = loaded.model
+    cache, blocks = KVCache.for_one_sequence(model.args, len(ids) + 1, loaded.compute_dtype)
+    with torch.inference_mode():
+        prefill = model(torch.tensor([ids]), torch.arange(len(ids))[None], blocks, cache, last_only=False)[0]
+        decode = model(torch.tensor([[ids[-1]]] * 4), torch.tensor([[len(ids) - 1 - i] for i in range(4)]),
+                       blocks.expand(4, -1), cache)
+    return prefill, decode
+
+
+def test_the_engine_with_kernels_equals_the_engine_without(kernels, int8_sq_engine):
+    loaded = load_engine(int8_sq_engine)
+    assert loaded.kernels.startswith("C++")
+    linears = [m for m in loaded.model.modules() if isinstance(m, SmoothQuantLinear)]
+    assert linears and all(m.fused for m in linears) and loaded.model.lm_head in linears
+    ids = [3, 17, 42, 8, 99, 5, 61, 23, 7, 70, 12, 1]
+    fused = _logits(loaded, ids)
+    for m in linears:
+        m.fused = False
+    eager = _logits(loaded, ids)
+    assert all(torch.equal(a, b) for a, b in zip(fused, eager))
+
+
+def test_without_a_compiler_the_engine_runs_eager_with_the_same_numbers(kernels, int8_sq_engine, tmp_path):
+    """An engine directory without its library (copied without ``kernels/``), no compiler and an empty cache:
+    it loads, says why it runs eager, and gives the fused engine's logits."""
+    bare = tmp_path / "engine"
+    bare.mkdir()
+    for name in ("config.json", "rank0.safetensors"):
+        (bare / name).write_bytes((int8_sq_engine / name).read_bytes())
+    ids = [3, 17, 42, 8, 99, 5, 61, 23]
+    want = [t.tolist() for t in _logits(load_engine(int8_sq_engine), ids)]
+    done = _run(f"""
+        import json, logging
+        logging.basicConfig(level=logging.WARNING)
+        from cpu_engine.engine_dir import load_engine
+        from tests.test_native_kernels import _logits
+        loaded = load_engine({str(bare)!r})
+        print(json.dumps({{"kernels": loaded.kernels, "logits": [t.tolist() for t in _logits(loaded, {ids!r})]}}))
+    """, env={"XDG_CACHE_HOME": str(tmp_path / "cache"), "CXX": "/nonexistent/c++"})
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["kernels"] == "eager"
+    assert "run eager PyTorch" in done.stderr and "could not build the C++ kernels" in done.stderr
+    assert got["logits"] == want
+
+
+def onednn_reference_kernels(verbose_log: str) -> list[str]:
+    """oneDNN primitives that ran a reference (``ref``) implementation, from ``ONEDNN_VERBOSE`` output: the
+    fallback that made a compiled int8 step ~200× slower (qlinear_pointwise → ``ref_int8:any``)."""
+    found = []
+    for line in verbose_log.splitlines():
+        fields = line.split(",")
+        if len(fields) > 6 and fields[:3] == ["onednn_verbose", "v1", "primitive"] and fields[3] == "exec":
+            if "ref" in fields[6]:
+                found.append(f"{fields[5]}: {fields[6]}")
+    return found
+
+
+def test_the_reference_kernel_detector_sees_the_known_fallback():
+    line = ("onednn_verbose,v1,primitive,exec,cpu,matmul,ref_int8:any,undef,src:s8::blocked:ab::f0 "
+            "wei:s8:a:blocked:ab::f0 dst:f32::blocked:ab::f0,,,16x576:576x960,6.1")
+    assert onednn_reference_kernels(line) == ["matmul: ref_int8:any"]
+
+
+def test_the_decode_path_runs_no_onednn_reference_kernel(kernels, int8_sq_engine):
+    """A 1-row and a 16-row decode step of the int8_sq engine under ONEDNN_VERBOSE: the int8 GEMMs do go through
+    oneDNN (their lines are there), and no primitive runs a ``ref`` implementation."""
+    done = _run(f"""
+        import torch
+        from cpu_engine.engine_dir import load_engine
+        from cpu_engine.kv_cache import KVCache
+        loaded = load_engine({str(int8_sq_engine)!r})
+        assert loaded.kernels.startswith("C++"), loaded.kernels
+        cache, blocks = KVCache.for_one_sequence(loaded.model.args, 64, loaded.compute_dtype)
+        with torch.inference_mode():
+            loaded.model(torch.tensor([[5] * 20]), torch.arange(20)[None], blocks, cache)
+            for rows in (1, 16):
+                loaded.model(torch.tensor([[7]] * rows), torch.full((rows, 1), 20), blocks.expand(rows, -1), cache)
+    """, env={"ONEDNN_VERBOSE": "all"})
+    assert done.returncode == 0, done.stderr
+    log = done.stdout + done.stderr
+    int8_gemms = [line for line in log.splitlines() if ",exec," in line and "src_s8" in line and "wei_s8" in line]
+    assert len(int8_gemms) >= 2 * TINY_PROJECTIONS_PER_STEP
+    assert onednn_reference_kernels(log) == []
