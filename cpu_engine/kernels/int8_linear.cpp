@@ -1,11 +1,13 @@
 // W8A8 projection with the activation quantisation fused: one call does what SmoothQuantLinear's eager path does
 // in ~12 ATen calls (cpu_engine/quant.py), bit for bit:
-//   v = x * inv_smooth;  a = max(max|v|, 1e-8) / 127 per row;  q = round_half_even(v * (1 / a)) in [-127, 127]
-//   out = (float(q @ Wᵀ) * a) * scale   (Wᵀ: int8 [in, out] view of the [out, in] weight)
-// The int8 GEMM is torch._int_mm (oneDNN's s8s8s32 GEMM, VNNI where the CPU has it); the quantisation and the
-// epilogue are AVX-512 loops where the CPU has AVX-512, scalar loops with the same arithmetic elsewhere.
+//   v = float(x) * inv_smooth;  a = max(max|v|, 1e-8) / 127 per row;  q = round_half_even(v * (1 / a)) in [-127, 127]
+//   out = (float(q @ Wᵀ) * a) * scale, rounded to x's dtype   (Wᵀ: int8 [in, out] view of the [out, in] weight)
+// The int8 GEMM is torch._int_mm (oneDNN's s8s8s32 GEMM, VNNI where the CPU has it). The quantisation and the
+// epilogue read and write float32 or bfloat16 in place (no conversion copies: 2 of them per projection cost a
+// 16-row decode step ~1.5 ms) with AVX-512 where the CPU has it, scalar loops of the same arithmetic elsewhere.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
@@ -13,86 +15,107 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace {
 
+using c10::BFloat16;
+
 // LLM_CPU_KERNELS_ISA=scalar takes the scalar loops on an AVX-512 CPU too (tests check both against eager).
 bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          std::string(std::getenv("LLM_CPU_KERNELS_ISA") ? std::getenv("LLM_CPU_KERNELS_ISA") : "") != "scalar";
+  static const bool yes = [] {
+    const char* isa = std::getenv("LLM_CPU_KERNELS_ISA");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           !(isa != nullptr && std::strcmp(isa, "scalar") == 0);
+  }();
   return yes;
 }
 
-void quantise_row_scalar(const float* row, const float* inv_smooth, int64_t k_len, int8_t* out, float* scale) {
+// ---- 16 lanes of float32 in and out, from and to either dtype (bf16: exact widening, round-to-nearest-even) ----
+__attribute__((target("avx512f,avx512bw"))) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+__attribute__((target("avx512f,avx512bw"))) inline __m512 load16(const BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+__attribute__((target("avx512f,avx512bw"))) inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+
+__attribute__((target("avx512f,avx512bw"))) inline void store16(BFloat16* p, __m512 v) {
+  // c10::BFloat16's rounding for finite values: add 0x7fff plus the kept part's lowest bit, keep the high half.
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+
+template <typename T>
+void quantise_row_scalar(const T* row, const float* inv_smooth, int64_t k_len, int8_t* out, float* scale) {
   float amax = 0.f;
-  for (int64_t k = 0; k < k_len; ++k) amax = std::max(amax, std::fabs(row[k] * inv_smooth[k]));
+  for (int64_t k = 0; k < k_len; ++k) amax = std::max(amax, std::fabs(static_cast<float>(row[k]) * inv_smooth[k]));
   const float a = std::max(amax, 1e-8f) / 127.0f;
   const float inv = 1.0f / a;
   for (int64_t k = 0; k < k_len; ++k) {
-    const float v = std::nearbyint((row[k] * inv_smooth[k]) * inv);  // rounds half to even, as torch.round
+    const float v = std::nearbyint((static_cast<float>(row[k]) * inv_smooth[k]) * inv);  // half to even
     out[k] = static_cast<int8_t>(std::min(std::max(v, -127.f), 127.f));
   }
   *scale = a;
 }
 
+template <typename T>
 __attribute__((target("avx512f,avx512bw")))
-void quantise_row_avx512(const float* row, const float* inv_smooth, int64_t k_len, int8_t* out, float* scale) {
+void quantise_row_avx512(const T* row, const float* inv_smooth, int64_t k_len, int8_t* out, float* scale) {
   __m512 vmax = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= k_len; k += 16) {
-    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(row + k), _mm512_loadu_ps(inv_smooth + k));
-    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
+    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_mul_ps(load16(row + k), _mm512_loadu_ps(inv_smooth + k))));
   }
   float amax = _mm512_reduce_max_ps(vmax);
-  for (int64_t t = k; t < k_len; ++t) amax = std::max(amax, std::fabs(row[t] * inv_smooth[t]));
+  for (int64_t t = k; t < k_len; ++t) amax = std::max(amax, std::fabs(static_cast<float>(row[t]) * inv_smooth[t]));
   const float a = std::max(amax, 1e-8f) / 127.0f;
   const float inv = 1.0f / a;
   const __m512 vinv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f);
   for (k = 0; k + 16 <= k_len; k += 16) {
-    __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(row + k), _mm512_loadu_ps(inv_smooth + k)), vinv);
+    __m512 v = _mm512_mul_ps(_mm512_mul_ps(load16(row + k), _mm512_loadu_ps(inv_smooth + k)), vinv);
     v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
     // cvtps rounds with MXCSR's mode, round-half-to-even by default (torch.round's rule).
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
   }
   for (; k < k_len; ++k) {
-    const float v = std::nearbyint((row[k] * inv_smooth[k]) * inv);
+    const float v = std::nearbyint((static_cast<float>(row[k]) * inv_smooth[k]) * inv);
     out[k] = static_cast<int8_t>(std::min(std::max(v, -127.f), 127.f));
   }
   *scale = a;
 }
 
-void dequantise_row_scalar(const int32_t* acc, float a, const float* scales, int64_t n_len, float* out) {
-  for (int64_t n = 0; n < n_len; ++n) out[n] = (static_cast<float>(acc[n]) * a) * scales[n];
+template <typename T>
+void dequantise_row_scalar(const int32_t* acc, float a, const float* scales, int64_t n_len, T* out) {
+  for (int64_t n = 0; n < n_len; ++n) out[n] = static_cast<T>((static_cast<float>(acc[n]) * a) * scales[n]);
 }
 
-__attribute__((target("avx512f")))
-void dequantise_row_avx512(const int32_t* acc, float a, const float* scales, int64_t n_len, float* out) {
+template <typename T>
+__attribute__((target("avx512f,avx512bw")))
+void dequantise_row_avx512(const int32_t* acc, float a, const float* scales, int64_t n_len, T* out) {
   const __m512 va = _mm512_set1_ps(a);
   int64_t n = 0;
   for (; n + 16 <= n_len; n += 16) {
     const __m512 v = _mm512_cvtepi32_ps(_mm512_loadu_si512(acc + n));
-    _mm512_storeu_ps(out + n, _mm512_mul_ps(_mm512_mul_ps(v, va), _mm512_loadu_ps(scales + n)));
+    store16(out + n, _mm512_mul_ps(_mm512_mul_ps(v, va), _mm512_loadu_ps(scales + n)));
   }
-  for (; n < n_len; ++n) out[n] = (static_cast<float>(acc[n]) * a) * scales[n];
+  for (; n < n_len; ++n) out[n] = static_cast<T>((static_cast<float>(acc[n]) * a) * scales[n]);
 }
 
 // Waking the OpenMP pool costs more than a decode step's few rows take on one core: split from ~32k elements.
 int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 15) / width); }
 
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& inv_smooth, const at::Tensor& weight,
-                       const at::Tensor& scales) {
-  const int64_t k_len = x.size(-1), n_len = weight.size(0);
-  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 2 && weight.size(1) == k_len && weight.is_contiguous(),
-              "int8_linear: weight must be a contiguous int8 [out, in] tensor with in = ", k_len);
-  TORCH_CHECK(inv_smooth.scalar_type() == at::kFloat && inv_smooth.numel() == k_len && inv_smooth.is_contiguous() &&
-              scales.scalar_type() == at::kFloat && scales.numel() == n_len && scales.is_contiguous(),
-              "int8_linear: inv_smooth [in] and scales [out] must be contiguous float32");
-  const at::Tensor rows = x.reshape({-1, k_len}).to(at::kFloat).contiguous();
-  const int64_t m_len = rows.size(0);
+template <typename T>
+at::Tensor int8_linear_impl(const at::Tensor& rows, const at::Tensor& inv_smooth, const at::Tensor& weight,
+                            const at::Tensor& scales) {
+  const int64_t m_len = rows.size(0), k_len = rows.size(1), n_len = weight.size(0);
   at::Tensor q = at::empty({m_len, k_len}, rows.options().dtype(at::kChar));
-  at::Tensor act = at::empty({m_len}, rows.options());
-  const float* r = rows.data_ptr<float>();
+  at::Tensor act = at::empty({m_len}, rows.options().dtype(at::kFloat));
+  const T* r = rows.data_ptr<T>();
   const float* s = inv_smooth.data_ptr<float>();
   int8_t* qp = q.data_ptr<int8_t>();
   float* ap = act.data_ptr<float>();
@@ -107,13 +130,28 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& inv_smooth, const 
   at::Tensor out = at::empty({m_len, n_len}, rows.options());
   const int32_t* cp = acc.data_ptr<int32_t>();
   const float* sc = scales.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+  T* op = out.data_ptr<T>();
   at::parallel_for(0, m_len, rows_per_task(n_len), [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       if (avx512) dequantise_row_avx512(cp + m * n_len, ap[m], sc, n_len, op + m * n_len);
       else dequantise_row_scalar(cp + m * n_len, ap[m], sc, n_len, op + m * n_len);
     }
   });
+  return out;
+}
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& inv_smooth, const at::Tensor& weight,
+                       const at::Tensor& scales) {
+  const int64_t k_len = x.size(-1), n_len = weight.size(0);
+  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 2 && weight.size(1) == k_len &&
+              weight.is_contiguous(), "int8_linear: weight must be a contiguous int8 [out, in] tensor with in = ", k_len);
+  TORCH_CHECK(inv_smooth.scalar_type() == at::kFloat && inv_smooth.numel() == k_len && inv_smooth.is_contiguous() &&
+              scales.scalar_type() == at::kFloat && scales.numel() == n_len && scales.is_contiguous(),
+              "int8_linear: inv_smooth [in] and scales [out] must be contiguous float32");
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const at::Tensor rows = x.reshape({-1, k_len}).to(bf16 ? at::kBFloat16 : at::kFloat).contiguous();
+  at::Tensor out = bf16 ? int8_linear_impl<BFloat16>(rows, inv_smooth, weight, scales)
+                        : int8_linear_impl<float>(rows, inv_smooth, weight, scales);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n_len;
   return out.view(shape).to(x.scalar_type());
