@@ -13,8 +13,9 @@ export TRANSFORMERS_OFFLINE := 1
 
 MODEL_DIR := build/models/smollm2
 # VARIANT=<name>: serve another CPU engine variant (fp32 bf16 int8_wo int8_sq int4_awq fp8; quality of each in
-# docs/evaluation.md), built once into its own folder. The default is the profile's engine (fp32).
-CPU_VARIANT := $(or $(VARIANT),fp32)
+# docs/evaluation.md), built once into its own folder. The default is the profile's engine: int8_sq, the variant
+# that meets its quality target and serves the most tokens at 16 streams (docs/benchmarks/engine.md).
+CPU_VARIANT := $(or $(VARIANT),int8_sq)
 ENGINE_DIR := build/engines/smollm2-$(CPU_VARIANT)
 REPOSITORY := build/model_repository
 PROFILE := builders/profiles/cpu.yaml
@@ -136,7 +137,9 @@ IMAGE ?= triton-llm-stack:cpu
 base-image:
 	scripts/base_image.sh
 
+# The engine's C++ kernels go in with it (built when the sources changed since the engine): the image has no compiler.
 image: $(ENGINE_DIR)/config.json
+	$(PY) -m builders kernels --engine-dir $(ENGINE_DIR)
 	PYTHON=$(PY) scripts/image_build.sh $(IMAGE)
 
 image-test: $(VENV)/.installed

@@ -32,6 +32,16 @@ def _engine(args) -> None:
     print(f"CPU engine ({args.variant}) written to {out}")
 
 
+def _kernels(args) -> None:
+    from cpu_engine import native
+    from cpu_engine.engine_dir import NATIVE_VARIANTS, engine_variant, read_config
+
+    if engine_variant(read_config(args.engine_dir)) in NATIVE_VARIANTS:
+        print(f"C++ kernels: {native.build(args.engine_dir)}")
+    else:
+        print(f"{args.engine_dir}: this engine's variant runs no C++ kernels")
+
+
 def _eval(args) -> None:
     import shlex
     import time
@@ -96,6 +106,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-seq-len", type=int, default=None, help="default: the model's whole context")
     p.add_argument("--max-num-tokens", type=int, default=256)
     p.set_defaults(func=_engine)
+
+    p = sub.add_parser("kernels", help="the engine's C++ kernels next to it, built when missing (an image has no "
+                                       "compiler: `make image` runs this)")
+    p.add_argument("--engine-dir", required=True)
+    p.set_defaults(func=_kernels)
 
     p = sub.add_parser("eval", help="perplexity, agreement and KL of every CPU variant vs fp32")
     p.add_argument("--checkpoint", default=str(PROJECT_ROOT / "build/models/smollm2"))

@@ -48,6 +48,15 @@ def read_config(engine_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
+def engine_variant(config: dict) -> str | None:
+    """The quantisation variant of an engine's config (None: plain fp32/bf16 weights)."""
+    quant_algo = (config["pretrained_config"].get("quantization") or {}).get("quant_algo")
+    if quant_algo is not None and quant_algo not in VARIANT_OF_QUANT_ALGO:
+        raise ValueError(f"quant_algo {quant_algo} has no CPU implementation (supported: "
+                         f"{sorted(VARIANT_OF_QUANT_ALGO)})")
+    return VARIANT_OF_QUANT_ALGO.get(quant_algo)
+
+
 def load_engine(engine_dir: str | Path) -> LoadedEngine:
     # Off the caller's thread: an OpenMP pool left on it would slow the engine thread (cpu_engine/threads.py).
     return on_scratch_thread(_load_engine, engine_dir)
@@ -60,11 +69,7 @@ def _load_engine(engine_dir: str | Path) -> LoadedEngine:
         raise ValueError(f"{engine_dir} holds a {config.get('version')!r} engine, not a CPU engine "
                          f"({CPU_ENGINE_VERSION}): TensorRT-LLM engines need the tensorrtllm backend on a GPU")
     pc = config["pretrained_config"]
-    quant_algo = (pc.get("quantization") or {}).get("quant_algo")
-    if quant_algo is not None and quant_algo not in VARIANT_OF_QUANT_ALGO:
-        raise ValueError(f"quant_algo {quant_algo} has no CPU implementation (supported: "
-                         f"{sorted(VARIANT_OF_QUANT_ALGO)})")
-    variant = VARIANT_OF_QUANT_ALGO.get(quant_algo)
+    variant = engine_variant(config)
     dtype = DTYPES[pc["dtype"]]
     # Built on the meta device and then allocated uninitialised: no random init of weights the file replaces.
     # Parameters take the compute dtype first; quantised modules keep their own buffer dtypes, and

@@ -67,6 +67,9 @@ def build(root: str | Path) -> Path:
         partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
         shutil.copyfile(Path(scratch) / f"{LIBRARY}.so", partial)
         os.replace(partial, target)
+    for stale in target.parent.parent.iterdir():  # libraries of older sources: one library per directory
+        if stale != target.parent:
+            shutil.rmtree(stale, ignore_errors=True)
     return target
 
 
