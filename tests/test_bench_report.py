@@ -60,6 +60,41 @@ def test_report_renders(tmp_path):
     assert "load average (1/5/15 min) | start 0.10/0.20/0.30, end 0.40/0.50/0.60" in text
 
 
+def test_llama_server_rows_and_targets(tmp_path):
+    """llama-server's stream levels render as a results row (aggregate per level, TTFT at the top level, peak RSS) and
+    the default variant via Triton is compared with it on Q4_1; our TTFT P50 at the top level has its own target."""
+    server = {"model": "default", "peer": "llama-server", "variant": "Q4_1", "mode": "streams", "rss_mb": 337.0,
+              "parallel": 16, "ctx_per_slot": 512, "server_version": "version: 0.5.0-dev (build 1, commit 0c1e570)",
+              "foreign_cores": 0.05}
+    triton = {"model": "default", "peer": "triton", "variant": "int8_sq", "mode": "streams", "foreign_cores": 0.0}
+    records = [{**server, "streams": 1, "agg_tok_s": 92.0, "ttft_p50_ms": 140.0},
+               {**server, "streams": 16, "agg_tok_s": 205.0, "ttft_p50_ms": 2134.0},
+               {**triton, "streams": 1, "agg_tok_s": 20.0, "ttft_p50_ms": 90.0},
+               {**triton, "streams": 16, "agg_tok_s": 451.0, "ttft_p50_ms": 400.0}]
+    by_name = {t["target"]: t for t in compute_targets(records, {})}
+    vs_server = by_name["16 streams via Triton, default variant ≥ 2.0× llama-server --parallel 16 on the shipped "
+                        "Q4_1 GGUF"]
+    assert vs_server["variant"] == "int8_sq" and vs_server["value"] == pytest.approx(451 / 205) and vs_server["met"]
+    assert vs_server["detail"] == "451.0 / 205.0 tok/s"
+    ttft = by_name["TTFT P50 at 16 streams ≤ 0.3 s"]
+    assert ttft["value"] == pytest.approx(0.75) and not ttft["met"] and ttft["shortfall_pct"] == pytest.approx(25.0)
+
+    data = {"meta": {"command": "python -m bench.engine_bench", "started": "2026-12-05T00:00:00", "duration_s": 60,
+                     "options": {"new_tokens": 32, "b1_reps": 2, "requests_per_stream": 1},
+                     "machine": {"cpu": "cpu", "cores": 2, "isa": [], "memory_gb": 24, "os": "linux",
+                                 "versions": {}, "git": "abc", "threads": 2}},
+            "models": {"default": {"checkpoint": "build/models/smollm2", "params": 134.5e6, "random_weights": False,
+                                   "prompt_tokens_mean": 48, "config": {}}},
+            "records": records, "targets": compute_targets(records, {}), "llama_cpp": {}}
+    text = write_markdown(data, tmp_path / "engine.md").read_text()
+    assert "| llama-server (continuous batching) | Q4_1 | – | – | 92.0 | 205.0 | 2,134 | 337 | 0.05 | – |" in text
+    assert ("| llama.cpp | llama-server 0.5.0-dev (build 1, commit 0c1e570): the same sdist's vendor/llama.cpp, "
+            "CPU, GGML_NATIVE; --parallel 16, 512 tokens per slot |") in text
+    assert ("| 16 streams via Triton, default variant ≥ 2.0× llama-server --parallel 16 on the shipped Q4_1 GGUF | "
+            "default | int8_sq | 2.20× (451.0 / 205.0 tok/s) | yes |") in text
+    assert "| TTFT P50 at 16 streams ≤ 0.3 s | default | int8_sq | 0.75× (400 ms) | **no** (25% short) |" in text
+
+
 def test_helpers():
     assert agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 0, 6]]) == {"exact": 1, "of": 2,
                                                                         "mean_prefix": pytest.approx((1 + 1 / 3) / 2)}
