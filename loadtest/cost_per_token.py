@@ -10,7 +10,7 @@ includes everything the server spends on those tokens and nothing of perf_analyz
 executor makes its tokens on a thread of the ``llm`` stub, whose CPU (a GPU's work on a GPU) is reported apart. Prints a table, writes JSON
 and a PNG (default ``docs/benchmarks/cost_per_token.{json,png}``).
 
-The engine directory is the default model's (its tokenizer and weights; build/engines/smollm2-int8_sq) with
+The engine directory is the default model's (its tokenizer and weights; build/engines/smollm2-fp32) with
 ``max_batch_size`` raised to the largest concurrency, so every stream runs at once: the null source never queues.
 """
 
@@ -29,7 +29,7 @@ import psutil
 
 from builders.profile import PROJECT_ROOT
 
-DEFAULT_ENGINE = PROJECT_ROOT / "build/engines/smollm2-int8_sq"
+DEFAULT_ENGINE = PROJECT_ROOT / "build/engines/smollm2-fp32"
 DEFAULT_TOKENIZER = PROJECT_ROOT / "build/models/smollm2"
 DEFAULT_OUT = PROJECT_ROOT / "docs/benchmarks/cost_per_token"
 GOAL_US = 100.0  # issue 27: ≤ 100 µs of CPU per streamed token at 64 streams, the stand-in's tokens apart

@@ -20,7 +20,7 @@ ENGINE=${CONTAINER_ENGINE:-$(command -v podman || command -v docker || true)}
 [ -n "$ENGINE" ] || { echo "image_build.sh: neither podman nor docker is installed" >&2; exit 1; }
 PYTHON=${PYTHON:-python3}
 
-for need in build/engines/smollm2-int8_sq/config.json build/engines/smollm2-int8_sq/rank0.safetensors \
+for need in build/engines/smollm2-fp32/config.json build/engines/smollm2-fp32/rank0.safetensors \
             build/models/smollm2/tokenizer.json; do
   [ -f "$need" ] || { echo "image_build.sh: $need is missing: run 'make engine' first (make image does)" >&2; exit 1; }
 done

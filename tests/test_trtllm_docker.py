@@ -78,7 +78,7 @@ def test_cpu_dockerfile_properties():
     assert "/run/host-pip/pip.conf" in run  # or this machine's pip configuration, passed in at build time only
     assert "/health/generate" in get("HEALTHCHECK")[0]  # the liveness check that generates (serving/health.py)
     # the engine and tokenizer, never the fp32 checkpoint
-    assert "build/engines/smollm2-int8_sq/ /model/engines/smollm2-int8_sq/" in get("COPY")
+    assert "build/engines/smollm2-fp32/ /model/engines/smollm2-fp32/" in get("COPY")
     labels = " ".join(get("LABEL"))
     for key in ("org.opencontainers.image.source", "org.opencontainers.image.revision", "model.licenses"):
         assert key in labels
@@ -86,7 +86,7 @@ def test_cpu_dockerfile_properties():
 
 def test_image_context_leaves_the_checkpoint_out():
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
-    assert "build/models/smollm2/model.safetensors" in ignore and "!build/engines/smollm2-int8_sq/" in ignore
+    assert "build/models/smollm2/model.safetensors" in ignore and "!build/engines/smollm2-fp32/" in ignore
     assert ".venv/" in ignore and ".git/" in ignore
 
 
