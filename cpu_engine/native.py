@@ -8,8 +8,8 @@ machine with another torch builds (or falls back) instead of loading a library b
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import logging
 import os
 import platform
 import shutil
@@ -21,8 +21,6 @@ from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
-
 SOURCES = (Path(__file__).parent / "kernels" / "int8_linear.cpp",)
 LIBRARY = "llm_cpu_kernels"
 EAGER_ENV = "LLM_CPU_KERNELS"  # "eager": never load or build the library (A/B runs, fallback tests)
@@ -30,6 +28,7 @@ _lock = threading.Lock()
 _loaded: Path | None = None
 
 
+@functools.cache  # the sources do not change under a running process: hash them once
 def build_key() -> str:
     digest = hashlib.sha256()
     for source in SOURCES:
@@ -62,8 +61,8 @@ def build(root: str | Path) -> Path:
         done = subprocess.run([sys.executable, "-c", compile_, LIBRARY, scratch, *map(str, SOURCES)],
                               capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError((done.stderr or done.stdout).strip().splitlines()[-1] if (done.stderr or done.stdout)
-                               else f"compiler exited {done.returncode}")
+            output = (done.stderr or done.stdout).strip()
+            raise RuntimeError(output.splitlines()[-1] if output else f"compiler exited {done.returncode}")
         partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
         shutil.copyfile(Path(scratch) / f"{LIBRARY}.so", partial)
         os.replace(partial, target)
