@@ -75,7 +75,8 @@ def test_int8_linear_is_bit_identical_to_the_eager_path(kernels, int8_sq_engine,
             linear.load_state_dict(SmoothQuantLinear.quantise(w, torch.rand(in_f) * 4 + 0.1, 0.5, w.abs().amax(0)))
             x = torch.randn(rows, in_f) * 3
             x[0, 5] = 80.0  # an outlier channel: one row's scale far from the others'
-            x[-1] = 0.0 if rows > 1 else x[-1]
+            if rows > 1:
+                x[-1] = 0.0  # an all-zero row: the scale's 1e-8 floor
             x = x.to(dtype)
             fused = torch.ops.llm_cpu.int8_linear(x, linear.inv_smooth, linear.weight, linear.scales)
             eager = linear.eager(x)
