@@ -233,6 +233,17 @@ def test_eval_command_reports_every_variant(tiny_checkpoint, tmp_path):
     assert "| int8_wo | W8A16 |" in to_markdown(results, "cmd", 2, 64)
 
 
+def test_chat_target_counts_answers_that_start_like_fp32():
+    """docs/evaluation.md's chat target: an answer counts when its first CHAT_PREFIX_TOKENS tokens are fp32's."""
+    from builders.evaluate import CHAT_PREFIX_TOKENS, chat_agreement
+
+    reference = [[1] * 12, [2] * 12]
+    late = [1] * CHAT_PREFIX_TOKENS + [9, 9]  # leaves fp32 after the prefix: counts
+    early = [2, 9] + [2] * 10  # leaves it inside the prefix: does not
+    assert chat_agreement([late, early], reference) == 0.5
+    assert chat_agreement([], []) is None
+
+
 def test_builder_cli_offers_every_cpu_variant(tiny_checkpoint, tmp_path, capsys):
     """`python -m builders engine --variant` takes exactly cpu_build.VARIANTS (it once refused int4_awq)."""
     from builders.__main__ import main
