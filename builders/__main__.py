@@ -28,18 +28,20 @@ def _engine(args) -> None:
     limits = BuildLimits(max_batch_size=args.max_batch_size, max_input_len=args.max_input_len,
                          max_seq_len=args.max_seq_len, max_num_tokens=args.max_num_tokens)
     out = build_cpu_engine(args.checkpoint, args.output, variant=args.variant, limits=limits,
-                           sq_alpha=args.sq_alpha, calib_samples=args.calib_samples)
+                           sq_alpha=args.sq_alpha, calib_samples=args.calib_samples,
+                           compile_step=args.compile_step)
     print(f"CPU engine ({args.variant}) written to {out}")
 
 
 def _kernels(args) -> None:
-    from cpu_engine import native
+    from cpu_engine import compiled_step, native
     from cpu_engine.engine_dir import NATIVE_VARIANTS, engine_variant, read_config
 
-    if engine_variant(read_config(args.engine_dir)) in NATIVE_VARIANTS:
+    variant = engine_variant(read_config(args.engine_dir))
+    if variant in NATIVE_VARIANTS:
         print(f"C++ kernels: {native.build(args.engine_dir)}")
-    else:
-        print(f"{args.engine_dir}: this engine's variant runs no C++ kernels")
+    if variant not in compiled_step.NOT_COMPILED:
+        print(f"compiled decode step: {compiled_step.build(args.engine_dir)}")
 
 
 def _eval(args) -> None:
@@ -105,10 +107,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-input-len", type=int, default=None, help="default: max-seq-len - 1")
     p.add_argument("--max-seq-len", type=int, default=None, help="default: the model's whole context")
     p.add_argument("--max-num-tokens", type=int, default=256)
+    p.add_argument("--no-compile-step", dest="compile_step", action="store_false",
+                   help="skip the ahead-of-time compiled decode step (~1 min; cpu_engine/compiled_step.py)")
     p.set_defaults(func=_engine)
 
-    p = sub.add_parser("kernels", help="the engine's C++ kernels next to it, built when missing (an image has no "
-                                       "compiler: `make image` runs this)")
+    p = sub.add_parser("kernels", help="the engine's C++ kernels and compiled decode step next to it, built when "
+                                       "missing (an image has no compiler: `make image` runs this)")
     p.add_argument("--engine-dir", required=True)
     p.set_defaults(func=_kernels)
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from cpu_engine import native
+from cpu_engine import compiled_step, native
 from cpu_engine.engine_dir import CPU_ENGINE_VERSION, DTYPES, NATIVE_VARIANTS, WEIGHTS_FILE
 from cpu_engine.quant import QUANT_ALGOS, bf16_supported, quantise_state_dict
 
@@ -138,7 +138,10 @@ def _awq(checkpoint: Path, weights: dict[str, torch.Tensor], pc: dict, samples: 
 
 
 def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, variant: str = "fp32",
-                     limits: BuildLimits = BuildLimits(), sq_alpha: float = 0.5, calib_samples: int = 64) -> Path:
+                     limits: BuildLimits = BuildLimits(), sq_alpha: float = 0.5, calib_samples: int = 64,
+                     compile_step: bool = False) -> Path:
+    """``compile_step``: also the ahead-of-time compiled decode step (cpu_engine/compiled_step.py, ~1 min for
+    SmolLM2 on 2 cores; the CLI does it, tests that only need weights skip it)."""
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -175,7 +178,18 @@ def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, variant: st
     (output_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if variant in NATIVE_VARIANTS:
         _build_native_kernels(output_dir)
+    if compile_step and variant not in compiled_step.NOT_COMPILED:
+        _compile_decode_step(output_dir)
     return output_dir
+
+
+def _compile_decode_step(engine_dir: Path) -> None:
+    """Without a compiler the engine still serves: its decode steps run eager (cpu_engine/compiled_step.py)."""
+    print(f"compiling the decode step ahead of time (AOTInductor, ~1 min) into {engine_dir}/compiled", flush=True)
+    try:
+        compiled_step.build(engine_dir)
+    except Exception as exc:  # noqa: BLE001 - inductor's compile errors have no common base; eager still serves
+        log.warning("the decode step was not compiled (%s): decode steps will run eager PyTorch", exc)
 
 
 def _build_native_kernels(engine_dir: Path) -> None:

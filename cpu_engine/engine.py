@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from . import memory
 from .admission import Admission
 from .block_manager import BlockManager, CommitProgress, prompt_blocks
 from .kv_cache import KVCache
@@ -157,9 +158,14 @@ class LLMEngine:
 
     # ---- engine thread -----------------------------------------------------------------------------
     def _run(self) -> None:
+        worked = False
         with torch.inference_mode():
             while True:
-                self._drain_inbox(block=not self.scheduler.has_work() and not self._admission.stopping)
+                idle = not self.scheduler.has_work() and not self._admission.stopping
+                if idle and worked:  # the heap pages the last burst freed go back before the wait (memory.py)
+                    memory.return_freed_memory()
+                worked = not idle
+                self._drain_inbox(block=idle)
                 if self.scheduler.has_work():
                     try:
                         self._step()
@@ -200,7 +206,9 @@ class LLMEngine:
             decode = plan.decode
             tokens = torch.tensor([[s.output_ids[-1]] for s in decode])
             positions = torch.tensor([[s.length - 1] for s in decode])
-            logits.append(self.model(tokens, positions, block_tables(decode), self.cache))
+            compiled = self.model.compiled_decode
+            forward = compiled if compiled is not None and len(decode) <= compiled.max_rows else self.model
+            logits.append(forward(tokens, positions, block_tables(decode), self.cache))
             for seq in decode:
                 self._commit(seq, seq.length)
             seqs += decode

@@ -5,7 +5,6 @@ Sharing the schema means the repository layout and the server launcher read CPU 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from . import native
+from . import compiled_step, memory, native
 from .model import ModelArgs, Transformer
 from .quant import QUANT_ALGOS, fp8_dequantise, fuse_projections, prepare_for_cpu, swap_linears
 from .threads import on_scratch_thread
@@ -35,6 +34,7 @@ class LoadedEngine:
     compute_dtype: torch.dtype
     load_seconds: float
     kernels: str  # "eager", or which C++ kernels run (native.describe())
+    decode: str  # "compiled (<package>)", or why decode steps run eager
 
     @property
     def build_config(self) -> dict:
@@ -64,6 +64,7 @@ def load_engine(engine_dir: str | Path) -> LoadedEngine:
 
 def _load_engine(engine_dir: str | Path) -> LoadedEngine:
     start = time.perf_counter()
+    memory.bound_kernel_caches()
     config = read_config(engine_dir)
     if config.get("version") != CPU_ENGINE_VERSION:
         raise ValueError(f"{engine_dir} holds a {config.get('version')!r} engine, not a CPU engine "
@@ -96,15 +97,13 @@ def _load_engine(engine_dir: str | Path) -> LoadedEngine:
             log.warning("%s projections run eager PyTorch, slower with the same numbers: %s", variant, why_not)
     prepare_for_cpu(model, variant, dtype, native_kernels)
     del state
-    _return_freed_memory()
+    # Loading frees the file's tensors and the repacking's temporaries (RSS after loading int4_awq 735 → 450 MB).
+    memory.return_freed_memory()
     kernels = native.describe() if native_kernels else "eager"
-    return LoadedEngine(model.eval(), config, dtype, time.perf_counter() - start, kernels)
-
-
-def _return_freed_memory() -> None:
-    """Loading frees the file's tensors and the repacking's temporaries, but glibc keeps freed heap pages in the
-    process until asked: ``malloc_trim`` gives them back (RSS after loading int4_awq 735 → 450 MB, int8_wo
-    503 → 486 MB). Not glibc (musl, macOS): nothing to do."""
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: libc is loaded already
-    if trim is not None:
-        trim(0)
+    decode = "eager: int8_sq's projections are a C++ op"
+    if variant not in compiled_step.NOT_COMPILED:
+        model.compiled_decode, why_not = compiled_step.load(engine_dir, config, model)
+        decode = f"compiled ({model.compiled_decode.path})" if model.compiled_decode else f"eager: {why_not}"
+        if why_not:
+            log.warning("decode steps run eager PyTorch, slower: %s", why_not)
+    return LoadedEngine(model.eval(), config, dtype, time.perf_counter() - start, kernels, decode)

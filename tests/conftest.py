@@ -130,8 +130,9 @@ def real_checkpoint() -> Path:
 def real_engine_dir(real_checkpoint, tmp_path_factory) -> Path:
     from builders.cpu_build import BuildLimits, build_cpu_engine
 
+    # With its compiled decode step, as `make serve` builds it: the real-model tests run what production runs.
     return build_cpu_engine(real_checkpoint, tmp_path_factory.mktemp("engines") / "smollm2-fp32",
-                            limits=BuildLimits(**TEST_LIMITS))
+                            limits=BuildLimits(**TEST_LIMITS), compile_step=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,177 @@
+"""The decode step compiled ahead of time (AOTInductor): one call into generated C++ a step, with no Python and no
+per-op dispatch inside it.
+
+At engine build, :class:`DecodeStep` (the model's own layers over a step whose shapes are inputs: B rows and L keys
+are dynamic dimensions, each row masked to its own history) is exported with ``torch.export`` and compiled into
+``<engine>/compiled/<key>/decode_step.pt2``, without its weights: at load the package is handed the engine's own
+tensors, so they are not held twice. The key hashes the model code, torch's version and the engine's config, so a
+package never runs code or shapes it was not built from. The engine runs it for decode-only batches of up to
+``max_rows`` rows; prompt chunks run eager. A missing or stale package, or ``LLM_CPU_DECODE=eager``, means the eager
+step, with a warning that says why. int8_sq is not compiled: its projections are the engine's own C++ op.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .model import Step, Transformer, rope
+
+PACKAGE = "decode_step.pt2"
+EAGER_ENV = "LLM_CPU_DECODE"  # "eager": never load the compiled step (A/B runs)
+NOT_COMPILED = ("int8_sq",)  # variants whose step calls the engine's own C++ op (native.py)
+_SOURCES = ("model.py", "quant.py", "compiled_step.py")
+_EXAMPLE_ROWS, _EXAMPLE_KEYS = 4, 64  # export traces at these; never 0 or 1, which torch.export would specialise
+
+
+class DecodeStep(nn.Module):
+    """One decode step: tokens, positions, writes [B] (each row's new token, its position and the cache row its
+    key/value go to), reads [B, L] (the cache rows of positions 0..L-1 of each row, padded with block 0's), and the
+    per-layer caches (k0, v0, k1, v1, …), written in place. Returns fp32 logits [B, V]."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+        # A buffer of this module, so the package names it (the model's is a plain attribute, kept fp32).
+        self.register_buffer("inv_freq", model.inv_freq, persistent=False)
+
+    def forward(self, tokens, positions, writes, reads, *caches):
+        model = self.model
+        dtype = caches[0].dtype
+        rows, keys = reads.shape
+        x = model.embed_tokens(tokens[:, None]).to(dtype)
+        cos, sin = rope(positions[:, None], self.inv_freq, dtype)
+        mask = (torch.arange(keys)[None, :] <= positions[:, None]).view(rows, 1, 1, keys)
+        step = Step(positions[:, None], writes[:, None], keys, cos, sin, mask, reads.flatten(), (),
+                    fused_attention=False)
+        for i, layer in enumerate(model.layers):
+            x = layer(x, step, caches[2 * i], caches[2 * i + 1])
+        return model.lm_head(model.norm(x[:, 0])).float()
+
+
+def step_rows(positions: torch.Tensor, blocks: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """writes [B] and reads [B, L] of a decode step: positions [B], blocks [B, N] (rows padded with block 0)."""
+    keys = int(positions.max()) + 1
+    needed = -(-keys // block_size)
+    if blocks.shape[1] < needed:
+        blocks = F.pad(blocks, (0, needed - blocks.shape[1]))
+    writes = blocks.gather(1, (positions // block_size)[:, None])[:, 0] * block_size + positions % block_size
+    span = torch.arange(keys)
+    return writes, blocks[:, span // block_size] * block_size + span % block_size
+
+
+@functools.cache
+def _source_digest() -> bytes:
+    digest = hashlib.sha256()
+    for name in _SOURCES:
+        digest.update((Path(__file__).parent / name).read_bytes())
+    return digest.digest()
+
+
+def package_path(engine_dir: str | Path, config: dict) -> Path:
+    digest = hashlib.sha256(_source_digest())
+    digest.update(torch.__version__.encode())
+    digest.update(json.dumps(config, sort_keys=True).encode())
+    return Path(engine_dir) / "compiled" / digest.hexdigest()[:16] / PACKAGE
+
+
+def max_rows(config: dict) -> int:
+    """A decode batch holds up to max_batch_size sequences and a liveness probe."""
+    return config["build_config"]["max_batch_size"] + 1
+
+
+def build(engine_dir: str | Path) -> Path:
+    """Export and compile the decode step of the engine in ``engine_dir`` (about a minute on 2 cores), moved into
+    place only when complete; packages of older code or another torch are removed."""
+    from .engine_dir import engine_variant, load_engine
+    from .kv_cache import KVCache
+
+    loaded = load_engine(engine_dir)
+    variant = engine_variant(loaded.config)
+    if variant in NOT_COMPILED:
+        raise ValueError(f"{variant} engines have no compiled decode step (their projections are a C++ op)")
+    target = package_path(engine_dir, loaded.config)
+    if target.is_file():
+        return target
+    args, block = loaded.model.args, 16  # any block size: the step gets cache rows, not blocks
+    cache = KVCache(args, _EXAMPLE_KEYS // block + _EXAMPLE_ROWS + 1, block, loaded.compute_dtype, probe_blocks=0)
+    caches = tuple(t for pair in cache.layers for t in pair)
+    positions = torch.arange(_EXAMPLE_ROWS) + _EXAMPLE_KEYS - _EXAMPLE_ROWS
+    tables = torch.arange(1, _EXAMPLE_ROWS * 3 + 1).view(_EXAMPLE_ROWS, 3)
+    writes, reads = step_rows(positions, tables, block)
+    rows = torch.export.Dim("rows", min=1, max=max_rows(loaded.config))
+    keys = torch.export.Dim("keys", min=1, max=loaded.build_config["max_seq_len"])
+    cache_rows = torch.export.Dim("cache_rows", min=block, max=1 << 30)
+    dynamic = ({0: rows}, {0: rows}, {0: rows}, {0: rows, 1: keys}, tuple({0: cache_rows} for _ in caches))
+    with torch.no_grad():
+        program = torch.export.export(DecodeStep(loaded.model).eval(), (torch.zeros_like(positions), positions,
+                                      writes, reads, *caches), dynamic_shapes=dynamic, strict=False)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="decode-step-", dir=target.parent) as scratch:
+            partial = torch._inductor.aoti_compile_and_package(
+                program, package_path=str(Path(scratch) / PACKAGE),
+                inductor_configs={"aot_inductor.package_constants_in_so": False, "emulate_precision_casts": True})
+            os.replace(partial, target)
+    for stale in target.parent.parent.iterdir():
+        if stale != target.parent:
+            shutil.rmtree(stale, ignore_errors=True)
+    return target
+
+
+class CompiledDecode:
+    """The compiled step, called as the model is for a decode batch: (tokens [B, 1], positions [B, 1], blocks
+    [B, N], cache) → fp32 logits [B, V]."""
+
+    def __init__(self, runner, max_rows: int, path: Path):
+        self.runner = runner
+        self.max_rows = max_rows
+        self.path = path
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, blocks: torch.Tensor, cache) -> torch.Tensor:
+        positions = positions[:, 0]
+        writes, reads = step_rows(positions, blocks, cache.block_size)
+        return self.runner(tokens[:, 0], positions, writes, reads, *(t for pair in cache.layers for t in pair))
+
+
+def load(engine_dir: str | Path, config: dict, model: Transformer) -> tuple[CompiledDecode | None, str]:
+    """The engine's compiled step with ``model``'s tensors as its weights, or None and why not."""
+    if os.environ.get(EAGER_ENV, "").lower() == "eager":
+        return None, f"{EAGER_ENV}=eager"
+    path = package_path(engine_dir, config)
+    if not path.is_file():
+        return None, (f"no compiled decode step for this code and torch {torch.__version__} at {path} "
+                      f"(python -m builders kernels --engine-dir {engine_dir} compiles it)")
+    try:
+        runner = torch._inductor.aoti_load_package(str(path))
+        runner.load_constants(_constants(runner.get_constant_fqns(), model, config), check_full_update=True,
+                              user_managed=True)
+    except (RuntimeError, KeyError, OSError) as exc:  # a package from another build of torch, or broken
+        return None, f"could not load {path}: {exc}"
+    return CompiledDecode(runner, max_rows(config), path), ""
+
+
+def _constants(names: list[str], model: Transformer, config: dict) -> dict[str, torch.Tensor]:
+    """The package's constants by name: the model's own parameters and buffers (the tied head's weight, int4's
+    packed tiles), and the one kind inductor makes itself, unnamed (``constant<N>``): it lowers
+    ``_weight_int4pack_mm_for_cpu`` to the shim that takes the group size as an int64 scalar tensor."""
+    step = DecodeStep(model)
+    tensors = {name: t.detach() for name, t in [*step.named_parameters(), *step.named_buffers()]}
+    group_size = (config["pretrained_config"].get("quantization") or {}).get("group_size")
+    out = {}
+    for name in names:
+        if name in tensors:
+            out[name] = tensors[name]
+        elif name.startswith("constant") and group_size is not None:
+            out[name] = torch.tensor(group_size, dtype=torch.int64)
+        else:
+            raise KeyError(f"the compiled decode step wants a constant the model does not have: {name}")
+    return out

@@ -1,0 +1,119 @@
+"""The decode step compiled ahead of time (cpu_engine/compiled_step.py) against the eager step it stands in for:
+built with the engine, loaded with the engine's own weights, the same logits, the same greedy answers, and eager
+whenever the package is missing or turned off."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from builders.cpu_build import BuildLimits, build_cpu_engine
+from cpu_engine import compiled_step, load_engine
+from cpu_engine.kv_cache import KVCache
+
+LIMITS = BuildLimits(max_batch_size=4, max_input_len=192, max_seq_len=256, max_num_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def int4_engine(tiny_checkpoint, tmp_path_factory) -> Path:
+    """The default variant's kind of engine (int4 weights, bf16 compute, int8 head), compiled step included."""
+    return build_cpu_engine(tiny_checkpoint, tmp_path_factory.mktemp("compiled") / "int4_awq", variant="int4_awq",
+                            limits=LIMITS, calib_samples=4, compile_step=True)
+
+
+def _decode_inputs(loaded, lengths: list[int], block: int = 16):
+    """A cache holding prompts of ``lengths`` (prefilled eagerly, each in its own blocks), and the next step's
+    tokens, positions and block tables."""
+    args = loaded.model.args
+    cache = KVCache(args, 64, block, loaded.compute_dtype)
+    tables, first = [], 1
+    for n in lengths:
+        count = -(-(n + 1) // block)
+        tables.append(list(range(first, first + count)))
+        first += count
+    width = max(map(len, tables))
+    blocks = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for row, n in enumerate(lengths):
+            ids = torch.randint(0, args.vocab_size, (1, n), generator=gen)
+            loaded.model(ids, torch.arange(n)[None], blocks[row:row + 1], cache)
+    tokens = torch.randint(0, args.vocab_size, (len(lengths), 1), generator=gen)
+    return cache, tokens, torch.tensor([[n] for n in lengths]), blocks
+
+
+def test_engine_build_compiles_the_step_without_its_weights(int4_engine):
+    loaded = load_engine(int4_engine)
+    compiled = loaded.model.compiled_decode
+    assert compiled is not None and loaded.decode == f"compiled ({compiled.path})"
+    assert compiled.path.parent.parent == int4_engine / "compiled"
+    assert compiled.max_rows == LIMITS.max_batch_size + 1  # a full batch and a liveness probe
+    # No weights in the package: it reads the model's own tensors, in place.
+    before = loaded.model.layers[0].mlp.down_proj.scales_zeros.clone()
+    loaded.model.layers[0].mlp.down_proj.scales_zeros.zero_()
+    cache, tokens, positions, blocks = _decode_inputs(loaded, [7, 20])
+    with torch.inference_mode():
+        zeroed = compiled(tokens, positions, blocks, copy.deepcopy(cache))
+        loaded.model.layers[0].mlp.down_proj.scales_zeros.copy_(before)
+        restored = compiled(tokens, positions, blocks, cache)
+    assert not torch.equal(zeroed, restored)
+
+
+@pytest.mark.parametrize("lengths", [[5, 37, 100, 64], [101], [3, 3, 3, 3, 3]])
+def test_compiled_step_gives_the_eager_logits_and_cache(int4_engine, lengths):
+    """Rows of different histories (each masked to its own), one row, and a full batch with a probe row.
+    Compiled with inductor's emulate_precision_casts, so bf16 is rounded where eager rounds it. What may remain is
+    the reduction order of a softmax or matmul: one bf16 step of the largest logit (2^-7 of it, bf16 keeping 7
+    bits after the leading one) is allowed, and the argmax must not move. Eager at one row runs fused SDPA, the compiled step batched matmuls: same bound."""
+    loaded = load_engine(int4_engine)
+    compiled = loaded.model.compiled_decode
+    cache, tokens, positions, blocks = _decode_inputs(loaded, lengths)
+    twin = copy.deepcopy(cache)
+    with torch.inference_mode():
+        eager = loaded.model(tokens, positions, blocks, cache)
+        ours = compiled(tokens, positions, blocks, twin)
+    scale = eager.abs().amax(-1, keepdim=True)
+    assert ((ours - eager).abs() <= scale * 2 ** -7).all(), (ours - eager).abs().max()
+    assert torch.equal(ours.argmax(-1), eager.argmax(-1))
+    for (k, v), (k2, v2) in zip(cache.layers, twin.layers):  # this step's keys and values written alike
+        assert torch.allclose(k, k2, rtol=2 ** -7, atol=1e-3) and torch.allclose(v, v2, rtol=2 ** -7, atol=1e-3)
+
+
+def test_missing_or_disabled_package_runs_eager_and_says_why(int4_engine, tmp_path, monkeypatch, caplog):
+    copied = shutil.copytree(int4_engine, tmp_path / "engine", ignore=shutil.ignore_patterns("compiled"))
+    with caplog.at_level(logging.WARNING, logger="cpu_engine.engine_dir"):
+        loaded = load_engine(copied)
+    assert loaded.model.compiled_decode is None
+    assert loaded.decode.startswith("eager: no compiled decode step") and "builders kernels" in loaded.decode
+    assert "decode steps run eager" in caplog.text
+    monkeypatch.setenv(compiled_step.EAGER_ENV, "eager")
+    assert load_engine(int4_engine).decode == f"eager: {compiled_step.EAGER_ENV}=eager"
+
+
+def test_a_package_of_other_code_is_never_loaded(int4_engine, tmp_path):
+    """The key covers the engine's config: the package of one engine does not fit another's shapes."""
+    copied = shutil.copytree(int4_engine, tmp_path / "engine")
+    config = (copied / "config.json").read_text().replace('"max_batch_size": 4', '"max_batch_size": 5')
+    (copied / "config.json").write_text(config)
+    assert load_engine(copied).model.compiled_decode is None
+
+
+def test_real_model_greedy_answers_equal_eager(real_engine_dir, real_checkpoint):
+    """The evaluation's fixed questions, all in flight in the engine loop, compiled vs eager decode (the fp32
+    engine the suite serves: the same tokens, every one)."""
+    from transformers import AutoTokenizer
+
+    from builders.evaluate import QUESTIONS, chat_prompts, end_ids, greedy_answers
+
+    tokenizer = AutoTokenizer.from_pretrained(real_checkpoint, local_files_only=True)
+    prompts, ends = chat_prompts(tokenizer, QUESTIONS), end_ids(real_checkpoint, tokenizer)
+    loaded = load_engine(real_engine_dir)
+    assert loaded.model.compiled_decode is not None
+    compiled = greedy_answers(loaded, prompts, ends, 48)
+    loaded.model.compiled_decode = None
+    assert compiled == greedy_answers(loaded, prompts, ends, 48)
