@@ -886,14 +886,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(opts.threads)  # once, before any model exists (changing it later slows models down)
     from tqdm import tqdm
 
-    from bench.engine_report import write_markdown
+    from bench.engine_report import default_variant, write_markdown
 
     opts.work_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     meta = {"command": opts.command, "options": {k: str(v) if isinstance(v, Path) else v
                                                  for k, v in dataclasses.asdict(opts).items()},
             "started": dt.datetime.now().isoformat(timespec="seconds"), "load_start": os.getloadavg(),
-            "machine": machine_info(opts.threads)}
+            "machine": machine_info(opts.threads), "default_variant": default_variant()}
     state = State(opts, meta)
     py, server = None, None
     gguf_peers = [p for p in ("llama.cpp", "llama-server") if p in opts.peers]

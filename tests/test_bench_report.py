@@ -71,7 +71,7 @@ def test_llama_server_rows_and_targets(tmp_path):
                {**server, "streams": 16, "agg_tok_s": 205.0, "ttft_p50_ms": 2134.0},
                {**triton, "streams": 1, "agg_tok_s": 20.0, "ttft_p50_ms": 90.0},
                {**triton, "streams": 16, "agg_tok_s": 451.0, "ttft_p50_ms": 400.0}]
-    by_name = {t["target"]: t for t in compute_targets(records, {})}
+    by_name = {t["target"]: t for t in compute_targets(records, {"default_variant": "int8_sq"})}
     vs_server = by_name["16 streams via Triton, default variant ≥ 2.0× llama-server --parallel 16 on the shipped "
                         "Q4_1 GGUF"]
     assert vs_server["variant"] == "int8_sq" and vs_server["value"] == pytest.approx(451 / 205) and vs_server["met"]

@@ -16,6 +16,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import yaml
 
 from builders.trtllm.calibration import write_calibration_set
 from builders.trtllm.pins import TRITON_IMAGE
@@ -78,7 +79,8 @@ def test_cpu_dockerfile_properties():
     assert "/run/host-pip/pip.conf" in run  # or this machine's pip configuration, passed in at build time only
     assert "/health/generate" in get("HEALTHCHECK")[0]  # the liveness check that generates (serving/health.py)
     # the engine and tokenizer, never the fp32 checkpoint
-    assert "build/engines/smollm2-fp32/ /model/engines/smollm2-fp32/" in get("COPY")
+    engine = yaml.safe_load((ROOT / "builders" / "profiles" / "cpu.yaml").read_text())["engine_dir"]
+    assert f"{engine}/ /model/engines/{Path(engine).name}/" in get("COPY")  # the engine `make serve` serves
     labels = " ".join(get("LABEL"))
     for key in ("org.opencontainers.image.source", "org.opencontainers.image.revision", "model.licenses"):
         assert key in labels
@@ -86,7 +88,8 @@ def test_cpu_dockerfile_properties():
 
 def test_image_context_leaves_the_checkpoint_out():
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
-    assert "build/models/smollm2/model.safetensors" in ignore and "!build/engines/smollm2-fp32/" in ignore
+    engine = yaml.safe_load((ROOT / "builders" / "profiles" / "cpu.yaml").read_text())["engine_dir"]
+    assert "build/models/smollm2/model.safetensors" in ignore and f"!{engine}/" in ignore
     assert ".venv/" in ignore and ".git/" in ignore
 
 
