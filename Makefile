@@ -70,8 +70,15 @@ $(ENGINE_DIR)/config.json: $(MODEL_DIR)/model.safetensors builders/cpu_build.py
 
 engine: $(ENGINE_DIR)/config.json
 
+# The engine's compiled decode step and C++ kernels, rebuilt when their sources change (the engine build makes them;
+# an engine built by older code gets them here instead of serving eager).
+$(ENGINE_DIR)/.kernels: $(ENGINE_DIR)/config.json cpu_engine/model.py cpu_engine/quant.py cpu_engine/compiled_step.py \
+    $(wildcard cpu_engine/kernels/*.cpp)
+	$(PY) -m builders kernels --engine-dir $(ENGINE_DIR)
+	touch $@
+
 # Rendered every time (it takes well under a second) so it always matches the profile.
-repository: $(ENGINE_DIR)/config.json
+repository: $(ENGINE_DIR)/config.json $(ENGINE_DIR)/.kernels
 	$(PY) -m builders repository --profile $(PROFILE) --out $(REPOSITORY) --engine-dir $(ENGINE_DIR)
 
 # LAYOUT=trtllm-standin: the GPU layout (the llm over TensorRT-LLM's executor API) with the stand-in executor over
@@ -143,8 +150,7 @@ base-image:
 	scripts/base_image.sh
 
 # The engine's C++ kernels go in with it (built when the sources changed since the engine): the image has no compiler.
-image: $(ENGINE_DIR)/config.json
-	$(PY) -m builders kernels --engine-dir $(ENGINE_DIR)
+image: $(ENGINE_DIR)/.kernels
 	PYTHON=$(PY) scripts/image_build.sh $(IMAGE)
 
 image-test: $(VENV)/.installed

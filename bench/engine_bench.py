@@ -50,6 +50,7 @@ from bench.llama_server_peer import BUILD_HINT as LLAMA_SERVER_HINT
 from bench.llama_server_peer import LLAMA_SERVER
 from bench.llama_server_peer import run as run_llama_server
 from builders.cpu_build import VARIANTS as BUILD_VARIANTS
+from cpu_engine import compiled_step
 from cpu_engine.threads import on_scratch_thread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -418,12 +419,13 @@ def build_engine(model: BenchModel, variant: str, opts: Options) -> Path:
            PROJECT_ROOT / "cpu_engine" / "quant.py"]
     limits = BuildLimits(max_batch_size=16, max_input_len=768, max_seq_len=1024, max_num_tokens=256)
     stamp = {"variant": variant, "limits": dataclasses.asdict(limits), "inputs": file_digest(*src)}
-    if (out / "config.json").exists() and cached(out, stamp):
-        return out
-    say(f"building engine {out.name}")
-    # On a scratch thread, as every torch workload of this process but the engine's (cpu_engine/threads.py).
-    on_scratch_thread(build_cpu_engine, model.checkpoint, out, variant=variant, limits=limits)
-    write_stamp(out, stamp)
+    if not ((out / "config.json").exists() and cached(out, stamp)):
+        say(f"building engine {out.name}")
+        # On a scratch thread, as every torch workload of this process but the engine's (cpu_engine/threads.py).
+        on_scratch_thread(build_cpu_engine, model.checkpoint, out, variant=variant, limits=limits)
+        write_stamp(out, stamp)
+    if variant not in compiled_step.NOT_COMPILED:  # as `make serve` builds it; kept while the code is the same
+        on_scratch_thread(compiled_step.build, out)
     return out
 
 
@@ -519,6 +521,7 @@ class EngineDriver:
 
         loaded = load_engine(engine_dir)
         self.load_s = loaded.load_seconds
+        self.decode = loaded.decode.split(" (")[0].split(":")[0]  # "compiled" or "eager"
         b = loaded.build_config
         limits = EngineLimits(max_batch_size=b["max_batch_size"], max_seq_len=b["max_seq_len"],
                               max_num_tokens=b["max_num_tokens"], max_queue_size=256)
@@ -588,7 +591,8 @@ def bench_engine(model: BenchModel, variant: str, engine_dir: Path, opts: Option
         driver.run(1, 1, prompts[-1:], n)  # warm-up: one whole request, then every batch shape once
         for c in sorted(set(opts.streams) | {1}):
             driver.run(c, 1, prompts, 4)
-        base = {"model": model.name, "peer": "engine", "variant": variant, "load_s": driver.load_s}
+        base = {"model": model.name, "peer": "engine", "variant": variant, "load_s": driver.load_s,
+                "decode": driver.decode}
         records, outputs = [], []
         mark = MONITOR.start()
         reps = []

@@ -80,12 +80,12 @@ def test_llama_server_rows_and_targets(tmp_path):
     assert ttft["value"] == pytest.approx(0.75) and not ttft["met"] and ttft["shortfall_pct"] == pytest.approx(25.0)
 
     data = {"meta": {"command": "python -m bench.engine_bench", "started": "2026-12-05T00:00:00", "duration_s": 60,
-                     "options": {"new_tokens": 32, "b1_reps": 2, "requests_per_stream": 1},
+                     "default_variant": "int8_sq", "options": {"new_tokens": 32, "b1_reps": 2, "requests_per_stream": 1},
                      "machine": {"cpu": "cpu", "cores": 2, "isa": [], "memory_gb": 24, "os": "linux",
                                  "versions": {}, "git": "abc", "threads": 2}},
             "models": {"default": {"checkpoint": "build/models/smollm2", "params": 134.5e6, "random_weights": False,
                                    "prompt_tokens_mean": 48, "config": {}}},
-            "records": records, "targets": compute_targets(records, {}), "llama_cpp": {}}
+            "records": records, "targets": compute_targets(records, {"default_variant": "int8_sq"}), "llama_cpp": {}}
     text = write_markdown(data, tmp_path / "engine.md").read_text()
     assert "| llama-server (continuous batching) | Q4_1 | – | – | 92.0 | 205.0 | 2,134 | 337 | 0.05 | – |" in text
     assert ("| llama.cpp | llama-server 0.5.0-dev (build 1, commit 0c1e570): the same sdist's vendor/llama.cpp, "
