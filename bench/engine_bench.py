@@ -49,6 +49,7 @@ from pathlib import Path
 from bench.llama_server_peer import BUILD_HINT as LLAMA_SERVER_HINT
 from bench.llama_server_peer import LLAMA_SERVER
 from bench.llama_server_peer import run as run_llama_server
+from bench.workload import make_prompts, pct
 from builders.cpu_build import VARIANTS as BUILD_VARIANTS
 from cpu_engine import compiled_step
 from cpu_engine.threads import on_scratch_thread
@@ -305,15 +306,6 @@ def say(msg: str) -> None:
     tqdm.write(f"[{time.strftime('%H:%M:%S')}] {msg}")
 
 
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def file_digest(*paths: Path) -> str:
     h = hashlib.sha256()
     for p in paths:
@@ -390,29 +382,8 @@ def prepare_model(name: str, opts: Options) -> BenchModel:
     return model
 
 
-def make_prompts(checkpoint: Path, prompt_tokens: int, count: int) -> tuple[list[str], list[list[int]]]:
-    """``count`` distinct English prompts of ~prompt_tokens tokens from the held-out local English text
-    (``builders/english_text.py``): consecutive slices of its token stream, each decoded and re-encoded."""
-    from transformers import AutoTokenizer
-
-    from builders.english_text import evaluation_texts, token_stream
-
-    tok = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
-    texts, ids = [], []
-    stream = token_stream(tok, evaluation_texts())
-    for start in range(0, len(stream) - prompt_tokens, prompt_tokens):
-        text = tok.decode(stream[start + 1:start + prompt_tokens], skip_special_tokens=True)
-        if not text.strip():
-            continue
-        texts.append(text)
-        ids.append(tok.encode(text))
-        if len(texts) == count:
-            break
-    return texts, ids
-
-
 def build_engine(model: BenchModel, variant: str, opts: Options) -> Path:
-    from builders.cpu_build import BuildLimits, build_cpu_engine
+    from builders.cpu_build import BuildLimits, build_cpu_engine, compile_decode_step
 
     out = opts.work_dir / "engines" / f"{model.name}-{variant}"
     src = [model.checkpoint / "model.safetensors", PROJECT_ROOT / "builders" / "cpu_build.py",
@@ -425,7 +396,7 @@ def build_engine(model: BenchModel, variant: str, opts: Options) -> Path:
         on_scratch_thread(build_cpu_engine, model.checkpoint, out, variant=variant, limits=limits)
         write_stamp(out, stamp)
     if variant not in compiled_step.NOT_COMPILED:  # as `make serve` builds it; kept while the code is the same
-        on_scratch_thread(compiled_step.build, out)
+        on_scratch_thread(compile_decode_step, out)
     return out
 
 

@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
-    from bench.engine_bench import make_prompts, pct
+    from bench.workload import make_prompts, pct
 
     _, prompts = make_prompts(PROJECT_ROOT / "build" / "models" / "smollm2", a.prompt_tokens, count=16)
     res = run(a.binary, a.gguf, prompts, [int(s) for s in a.streams.split(",")], a.new_tokens, a.threads)

@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    from bench.engine_bench import EngineDriver, make_prompts
+    from bench.engine_bench import EngineDriver
+    from bench.workload import make_prompts
     from cpu_engine import load_engine, read_config
     from cpu_engine.engine import LLMEngine
 
@@ -139,8 +140,20 @@ def main(argv: list[str] | None = None) -> None:
         forwards[tokens.shape[0] * tokens.shape[1]].append(time.perf_counter() - t)
         return out
 
+    class TimedCompiled:  # decode batches the compiled step fits go to it, not to forward
+        def __init__(self, inner):
+            self.inner, self.max_rows = inner, inner.max_rows
+
+        def __call__(self, tokens, *args):
+            t = time.perf_counter()
+            out = self.inner(tokens, *args)
+            forwards[tokens.shape[0] * tokens.shape[1]].append(time.perf_counter() - t)
+            return out
+
     engine._step = step
     engine.model.forward = forward
+    if engine.model.compiled_decode is not None:
+        engine.model.compiled_decode = TimedCompiled(engine.model.compiled_decode)
     driver.run(a.streams, 1, prompt_ids, 8)  # warm-up
     steps.clear()
     forwards.clear()
@@ -149,8 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     decode_rows = a.streams
     dec = forwards.get(decode_rows, [])
     total_fwd = sum(sum(v) for v in forwards.values())
-    print(f"engine {a.engine_dir.name}: {a.streams} stream(s) x {a.new_tokens} tokens: {tokens / wall:.1f} tok/s, "
-          f"{len(steps)} steps, wall {wall:.2f} s")
+    print(f"engine {a.engine_dir.name} (decode step {driver.decode}): {a.streams} stream(s) x {a.new_tokens} "
+          f"tokens: {tokens / wall:.1f} tok/s, {len(steps)} steps, wall {wall:.2f} s")
     print(f"  step   mean {1e3 * statistics.fmean(steps):.2f} ms   (sum {sum(steps):.2f} s)")
     print(f"  forward calls {sum(len(v) for v in forwards.values())}, sum {total_fwd:.2f} s "
           f"= {100 * total_fwd / sum(steps):.0f}% of step time; outside forward: "

@@ -37,11 +37,13 @@ def _kernels(args) -> None:
     from cpu_engine import compiled_step, native
     from cpu_engine.engine_dir import NATIVE_VARIANTS, engine_variant, read_config
 
+    from .cpu_build import compile_decode_step
+
     variant = engine_variant(read_config(args.engine_dir))
     if variant in NATIVE_VARIANTS:
         print(f"C++ kernels: {native.build(args.engine_dir)}")
     if variant not in compiled_step.NOT_COMPILED:
-        print(f"compiled decode step: {compiled_step.build(args.engine_dir)}")
+        print(f"compiled decode step: {compile_decode_step(args.engine_dir)}")
 
 
 def _eval(args) -> None:

@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from cpu_engine import compiled_step, native
-from cpu_engine.engine_dir import CPU_ENGINE_VERSION, DTYPES, NATIVE_VARIANTS, WEIGHTS_FILE
+from cpu_engine.engine_dir import (CPU_ENGINE_VERSION, DTYPES, NATIVE_VARIANTS, WEIGHTS_FILE, engine_variant,
+                                   load_engine, read_config)
 from cpu_engine.quant import QUANT_ALGOS, bf16_supported, quantise_state_dict
 
 log = logging.getLogger(__name__)
@@ -183,11 +184,24 @@ def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, variant: st
     return output_dir
 
 
+def compile_decode_step(engine_dir: str | Path) -> Path:
+    """The engine's decode step compiled ahead of time (cpu_engine/compiled_step.py) next to it, unless the package
+    for this code, torch and config is there already."""
+    config = read_config(engine_dir)
+    variant = engine_variant(config)
+    if variant in compiled_step.NOT_COMPILED:
+        raise ValueError(f"{variant} engines have no compiled decode step (their projections are a C++ op)")
+    target = compiled_step.package_path(engine_dir, config)
+    if target.is_file():
+        return target
+    print(f"compiling the decode step ahead of time (AOTInductor, ~1 min) into {target.parent}", flush=True)
+    return compiled_step.build(load_engine(engine_dir), target)
+
+
 def _compile_decode_step(engine_dir: Path) -> None:
     """Without a compiler the engine still serves: its decode steps run eager (cpu_engine/compiled_step.py)."""
-    print(f"compiling the decode step ahead of time (AOTInductor, ~1 min) into {engine_dir}/compiled", flush=True)
     try:
-        compiled_step.build(engine_dir)
+        compile_decode_step(engine_dir)
     except Exception as exc:  # noqa: BLE001 - inductor's compile errors have no common base; eager still serves
         log.warning("the decode step was not compiled (%s): decode steps will run eager PyTorch", exc)
 

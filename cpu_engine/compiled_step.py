@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kv_cache import KVCache
 from .model import Step, Transformer, rope
 
 PACKAGE = "decode_step.pt2"
@@ -89,20 +90,9 @@ def max_rows(config: dict) -> int:
     return config["build_config"]["max_batch_size"] + 1
 
 
-def build(engine_dir: str | Path) -> Path:
-    """Export and compile the decode step of the engine in ``engine_dir`` (about a minute on 2 cores), moved into
-    place only when complete; packages of older code or another torch are removed."""
-    from .engine_dir import engine_variant, load_engine, read_config
-    from .kv_cache import KVCache
-
-    config = read_config(engine_dir)
-    variant = engine_variant(config)
-    if variant in NOT_COMPILED:
-        raise ValueError(f"{variant} engines have no compiled decode step (their projections are a C++ op)")
-    target = package_path(engine_dir, config)
-    if target.is_file():
-        return target
-    loaded = load_engine(engine_dir)
+def build(loaded, target: Path) -> Path:
+    """Export and compile the decode step of ``loaded`` (engine_dir.LoadedEngine; about a minute on 2 cores) into
+    ``target`` (package_path), moved into place only when complete; packages of older code or torch are removed."""
     args, block = loaded.model.args, 16  # any block size: the step gets cache rows, not blocks
     cache = KVCache(args, _EXAMPLE_KEYS // block + _EXAMPLE_ROWS + 1, block, loaded.compute_dtype, probe_blocks=0)
     caches = tuple(t for pair in cache.layers for t in pair)
