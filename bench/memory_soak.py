@@ -22,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from bench.engine_bench import MONITOR, say
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -86,6 +88,7 @@ async def drive(url: str, requests: int, texts: list[str], milestones: list, see
         start = rng.randrange(0, max(1, len(text) - chars))
         return text[start:start + chars]
 
+    progress = tqdm(total=requests, desc="mixed requests", unit="req")
     async with AsyncLLMClient(url, timeout=1800) as client:
         async def one(kind: int) -> None:
             if kind == 0:
@@ -109,6 +112,7 @@ async def drive(url: str, requests: int, texts: list[str], milestones: list, see
                         if got >= 3:
                             break  # leaving the stream cancels the request
             counts[KINDS[kind]] += 1
+            progress.update()
 
         async def worker() -> None:
             while queue:
@@ -118,6 +122,7 @@ async def drive(url: str, requests: int, texts: list[str], milestones: list, see
                     milestones.append((index + 1, MONITOR.rss_mb(LLM)))
 
         await asyncio.gather(*(worker() for _ in range(16)))
+    progress.close()
     return counts
 
 
