@@ -16,9 +16,11 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata as md
 import importlib.util
+import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tomllib
 from dataclasses import dataclass, field
@@ -115,9 +117,13 @@ def read_locks(names=ENV_LOCKS) -> dict[str, Entry]:
 
 
 def installed_distributions() -> dict[str, set[str]]:
-    """Every distribution importlib.metadata finds on this interpreter's sys.path: name -> versions."""
+    """Every distribution importlib.metadata finds on this interpreter's sys.path as a fresh process has it:
+    name -> versions. Not this process's: importing setuptools (AOTInductor's compile does) appends its vendored
+    packages' folder to sys.path, and they are setuptools' insides, not installed distributions."""
+    fresh = json.loads(subprocess.run([sys.executable, "-P", "-c", "import json, sys; print(json.dumps(sys.path))"],
+                                      capture_output=True, text=True, check=True).stdout)
     found: dict[str, set[str]] = {}
-    for dist in md.distributions():
+    for dist in md.distributions(path=fresh):
         name = dist.metadata["Name"]
         if name:
             found.setdefault(canonicalize_name(name), set()).add(dist.version)
