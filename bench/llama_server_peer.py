@@ -17,7 +17,6 @@ import argparse
 import http.client
 import json
 import os
-import signal
 import subprocess
 import tempfile
 import threading
@@ -29,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.launcher import free_port
+from serving.launcher import free_port, stop_process
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LLAMA_SERVER = PROJECT_ROOT / "build" / "tools" / "llama-server" / "bin" / "llama-server"
@@ -82,12 +81,7 @@ def llama_server(binary: Path, gguf: Path, parallel: int, ctx_per_slot: int, thr
             time.sleep(0.1)
         yield Server(url, proc.pid, time.perf_counter() - start)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=15)
 
 
 def _tail(log: Path, chars: int = 1500) -> str:

@@ -438,7 +438,7 @@ def profile_front_door(grpc_url: str, out_dir: Path, tokenizer: Path, requests: 
     import pstats
     import signal
 
-    from serving.launcher import free_port
+    from serving.launcher import free_port, stop_process
 
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     out_dir = Path(out_dir)
@@ -477,12 +477,7 @@ def profile_front_door(grpc_url: str, out_dir: Path, tokenizer: Path, requests: 
         log(f"openai-bench: {requests} requests to a front door under cProfile ...")
         wall = asyncio.run(go())
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=60)
     if not prof.exists():
         return [f"cProfile wrote nothing (front door exit {proc.returncode})"]
     stats = pstats.Stats(str(prof))
@@ -542,18 +537,12 @@ class FrontDoor:
                 self._log.write(line)
 
     def stop(self) -> int | None:
-        import signal
+        from serving.launcher import stop_process
 
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = stop_process(self.proc, timeout=60)
         if self._log:
             self._log.close()
-        return self.proc.returncode
+        return code
 
 
 @dataclass

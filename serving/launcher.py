@@ -82,6 +82,17 @@ class ServerUrls(NamedTuple):
     metrics: str
 
 
+def stop_process(proc: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL; the exit code (a child that already exited: its own)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
+
+
 def free_port() -> int:
     return free_ports(1)[0]
 
