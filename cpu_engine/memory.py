@@ -25,8 +25,11 @@ def bound_kernel_caches() -> None:
         os.environ.setdefault(name, str(KERNEL_CACHE_ENTRIES))
 
 
+# Looked up once: the engine calls it each time it goes idle. The process's own symbols: libc is loaded already.
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
+
+
 def return_freed_memory() -> None:
     """Hand the heap's free pages back to the OS. Not glibc (musl, macOS): nothing to do."""
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: libc is loaded already
-    if trim is not None:
-        trim(0)
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
