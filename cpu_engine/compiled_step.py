@@ -37,7 +37,8 @@ _EXAMPLE_ROWS, _EXAMPLE_KEYS = 4, 64  # export traces at these; never 0 or 1, wh
 class DecodeStep(nn.Module):
     """One decode step: tokens, positions, writes [B] (each row's new token, its position and the cache row its
     key/value go to), reads [B, L] (the cache rows of positions 0..L-1 of each row, padded with block 0's), and the
-    per-layer caches (k0, v0, k1, v1, …), written in place. Returns fp32 logits [B, V]."""
+    per-layer caches (k0, v0, k1, v1, …), written in place. Returns the final norm's hidden states [B, H]: the head
+    runs after it, eager, because it picks its kernel by the row count (quant.Int8Head)."""
 
     def __init__(self, model: Transformer):
         super().__init__()
@@ -56,7 +57,7 @@ class DecodeStep(nn.Module):
                     fused_attention=False)
         for i, layer in enumerate(model.layers):
             x = layer(x, step, caches[2 * i], caches[2 * i + 1])
-        return model.lm_head(model.norm(x[:, 0])).float()
+        return model.norm(x[:, 0])
 
 
 def step_rows(positions: torch.Tensor, blocks: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,18 +120,20 @@ def build(loaded, target: Path) -> Path:
 
 
 class CompiledDecode:
-    """The compiled step, called as the model is for a decode batch: (tokens [B, 1], positions [B, 1], blocks
-    [B, N], cache) → fp32 logits [B, V]."""
+    """The compiled step and the model's head, called as the model is for a decode batch: (tokens [B, 1], positions
+    [B, 1], blocks [B, N], cache) → fp32 logits [B, V]."""
 
-    def __init__(self, runner, max_rows: int, path: Path):
+    def __init__(self, runner, head: nn.Module, max_rows: int, path: Path):
         self.runner = runner
+        self.head = head
         self.max_rows = max_rows
         self.path = path
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, blocks: torch.Tensor, cache) -> torch.Tensor:
         positions = positions[:, 0]
         writes, reads = step_rows(positions, blocks, cache.block_size)
-        return self.runner(tokens[:, 0], positions, writes, reads, *(t for pair in cache.layers for t in pair))
+        hidden = self.runner(tokens[:, 0], positions, writes, reads, *(t for pair in cache.layers for t in pair))
+        return self.head(hidden).float()
 
 
 def load(engine_dir: str | Path, config: dict, model: Transformer) -> tuple[CompiledDecode | None, str]:
@@ -147,12 +150,12 @@ def load(engine_dir: str | Path, config: dict, model: Transformer) -> tuple[Comp
                               user_managed=True)
     except (RuntimeError, KeyError, OSError) as exc:  # a package from another build of torch, or broken
         return None, f"could not load {path}: {exc}"
-    return CompiledDecode(runner, max_rows(config), path), ""
+    return CompiledDecode(runner, model.lm_head, max_rows(config), path), ""
 
 
 def _constants(names: list[str], model: Transformer, config: dict) -> dict[str, torch.Tensor]:
-    """The package's constants by name: the model's own parameters and buffers (the tied head's weight, int4's
-    packed tiles), and the one kind inductor makes itself, unnamed (``constant<N>``): it lowers
+    """The package's constants by name: the model's own parameters and buffers (the embedding, int4's packed
+    tiles), and the one kind inductor makes itself, unnamed (``constant<N>``): it lowers
     ``_weight_int4pack_mm_for_cpu`` to the shim that takes the group size as an int64 scalar tensor."""
     step = DecodeStep(model)
     tensors = {name: t.detach() for name, t in [*step.named_parameters(), *step.named_buffers()]}
