@@ -129,6 +129,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     b, h, _, d = q.shape
     kvh = k.shape[1]
+    # k (gathered [B, L, KVH, D], viewed [B, KVH, L, D]) copied whole rows at a time into [B, KVH, L, D]: the
+    # matmul then reads it transposed in place. Left to the matmul, the copy is a column gather into [B, KVH, D, L]
+    # (compiled, 16 rows x 200 keys: 373 µs a layer).
+    k = k.contiguous()
     scores = (q.reshape(b, kvh, h // kvh, d) @ k.transpose(-1, -2)) * d ** -0.5  # a KV head's query heads as rows
     if mask is not None:
         scores = scores.masked_fill(~mask.view(b, 1, 1, -1), float("-inf"))
