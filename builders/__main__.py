@@ -40,7 +40,7 @@ def _kernels(args) -> None:
     from .cpu_build import compile_decode_step
 
     variant = engine_variant(read_config(args.engine_dir))
-    if variant in NATIVE_VARIANTS:
+    if variant in NATIVE_VARIANTS or variant not in compiled_step.NOT_COMPILED:
         print(f"C++ kernels: {native.build(args.engine_dir)}")
     if variant not in compiled_step.NOT_COMPILED:
         print(f"compiled decode step: {compile_decode_step(args.engine_dir)}")

@@ -177,9 +177,10 @@ def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, variant: st
               "build_config": {**asdict(limits), "max_beam_width": 1, "plugin_config": {}, **build_extra},
               "source_checkpoint": str(checkpoint.resolve())}
     (output_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if variant in NATIVE_VARIANTS:
+    compiled = compile_step and variant not in compiled_step.NOT_COMPILED
+    if variant in NATIVE_VARIANTS or compiled:  # the compiled step calls the kernels' decode attention
         _build_native_kernels(output_dir)
-    if compile_step and variant not in compiled_step.NOT_COMPILED:
+    if compiled:
         _compile_decode_step(output_dir)
     return output_dir
 
@@ -212,4 +213,5 @@ def _build_native_kernels(engine_dir: Path) -> None:
     try:
         native.build(engine_dir)
     except (OSError, RuntimeError) as exc:
-        log.warning("the C++ kernels were not built (%s): this engine's projections will run eager PyTorch", exc)
+        log.warning("the C++ kernels were not built (%s): this engine runs eager PyTorch where it would call them "
+                    "(int8_sq's projections, the compiled decode step's attention)", exc)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import native
 from .kv_cache import KVCache
 from .model import Step, Transformer, rope
 
@@ -54,7 +55,7 @@ class DecodeStep(nn.Module):
         cos, sin = rope(positions[:, None], self.inv_freq, dtype)
         mask = (torch.arange(keys)[None, :] <= positions[:, None]).view(rows, 1, 1, keys)
         step = Step(positions[:, None], writes[:, None], keys, cos, sin, mask, reads.flatten(), (),
-                    fused_attention=False)
+                    fused_attention=False, native_attention=native.available())
         for i, layer in enumerate(model.layers):
             x = layer(x, step, caches[2 * i], caches[2 * i + 1])
         return model.norm(x[:, 0])
@@ -80,7 +81,11 @@ def _source_digest() -> bytes:
 
 
 def package_path(engine_dir: str | Path, config: dict) -> Path:
+    """The package for this code, torch, config and kernels: with the engine's C++ kernels (native.py) loaded, the
+    step calls their attention, and a package that calls them is only run where they are."""
+    kernels = native.build_key() if native.load(engine_dir) is None else "no C++ kernels"
     digest = hashlib.sha256(_source_digest())
+    digest.update(kernels.encode())
     digest.update(torch.__version__.encode())
     digest.update(json.dumps(config, sort_keys=True).encode())
     return Path(engine_dir) / "compiled" / digest.hexdigest()[:16] / PACKAGE

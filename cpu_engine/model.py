@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import native
+
 
 @dataclass(frozen=True)
 class ModelArgs:
@@ -110,6 +112,9 @@ class Step:
     reads: torch.Tensor | None  # [B × kv_len] the cache rows of each row's positions 0..kv_len-1, row after row
     runs: tuple[tuple[int, int], ...]  # one row: (first cache row, length) of each run of adjacent blocks
     fused_attention: bool  # SDPA; else one query a row as three batched matmuls (_attend)
+    # One query a row, read in place from the cache by the C++ kernel (kernels/decode_attention.cpp): a decode
+    # step's attention, eager or compiled, where the engine's kernels are loaded.
+    native_attention: bool = False
 
     def read(self, cache: torch.Tensor) -> list[torch.Tensor]:
         """Positions 0..kv_len-1 of each row as [B, L, kv_heads, head_dim]: views of one row's runs of adjacent
@@ -172,6 +177,10 @@ class Attention(nn.Module):
         rows = step.writes.flatten()
         k_cache.index_copy_(0, rows, qk[:, :, h:].reshape(-1, kvh, self.args.head_dim))
         v_cache.index_copy_(0, rows, qkv[:, :, h + kvh:].reshape(-1, kvh, self.args.head_dim))
+        if step.native_attention:
+            out = torch.ops.llm_cpu.decode_attention(qk[:, 0, :h], k_cache, v_cache, step.reads.view(b, -1),
+                                                     step.positions[:, 0])
+            return self.o_proj(out.reshape(b, t, h * self.args.head_dim))
         ks = [k.transpose(1, 2) for k in step.read(k_cache)]
         vs = [v.transpose(1, 2) for v in step.read(v_cache)]
         q = qk[:, :, :h].transpose(1, 2)
@@ -247,7 +256,10 @@ class Transformer(nn.Module):
         if blocks.shape[1] < needed:
             blocks = F.pad(blocks, (0, needed - blocks.shape[1]))
         writes = blocks.gather(1, positions // block_size) * block_size + positions % block_size
-        runs = _runs(blocks[0, :needed].tolist(), block_size, kv_len) if blocks.shape[0] == 1 else ()
+        # A decode step attends in the C++ kernel where it is loaded, as the compiled step does: the same numbers
+        # whichever of the two runs a batch. It reads the cache rows in place.
+        kernel = positions.shape[1] == 1 and native.available()
+        runs = _runs(blocks[0, :needed].tolist(), block_size, kv_len) if blocks.shape[0] == 1 and not kernel else ()
         # Views instead of a copy: one row's adjacent blocks, or its runs of them in a decode step (_attend_runs).
         if len(runs) == 1 or (1 < len(runs) <= MAX_RUNS and mask is None):
             reads = None
@@ -255,7 +267,7 @@ class Transformer(nn.Module):
             keys = torch.arange(kv_len)
             reads, runs = (blocks[:, keys // block_size] * block_size + keys % block_size).flatten(), ()
         fused = positions.shape[1] > 1 or positions.shape[0] == 1
-        return Step(positions, writes, kv_len, cos, sin, mask, reads, runs, fused)
+        return Step(positions, writes, kv_len, cos, sin, mask, reads, runs, fused, kernel)
 
 
 def rope(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

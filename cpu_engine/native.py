@@ -1,6 +1,8 @@
-"""The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): compiled ahead of time when an engine that uses
-them is built, cached next to the engine, and loaded with it; eager PyTorch computing the same numbers is the
-fallback wherever no library can be found or built (no compiler, another torch, ``LLM_CPU_KERNELS=eager``).
+"""The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): int8_sq's W8A8 projection and a decode step's
+attention read in place from the paged cache. Compiled ahead of time when an engine that uses them is built, cached
+next to the engine, and loaded with it; eager PyTorch is the fallback wherever no library can be found or built (no
+compiler, another torch, ``LLM_CPU_KERNELS=eager``): bit for bit the projection's numbers, and the attention's
+within bf16 rounding (ATen's matmuls round the scores to bf16, the kernel keeps float32).
 
 A library is keyed by its sources, torch's version and the Python ABI, so an engine directory carried to a
 machine with another torch builds (or falls back) instead of loading a library built against other headers.
@@ -21,8 +23,11 @@ from pathlib import Path
 
 import torch
 
-SOURCES = (Path(__file__).parent / "kernels" / "int8_linear.cpp",)
+SOURCES = tuple(Path(__file__).parent / "kernels" / name for name in ("int8_linear.cpp", "decode_attention.cpp"))
 LIBRARY = "llm_cpu_kernels"
+# -fopenmp: at::parallel_for is a header template that runs its loop on one thread unless _OPENMP is defined. The
+# library then needs libgomp.so.1, which resolves to the copy torch loaded (the same soname).
+FLAGS = ("-O3", "-fopenmp")
 EAGER_ENV = "LLM_CPU_KERNELS"  # "eager": never load or build the library (A/B runs, fallback tests)
 _lock = threading.Lock()
 _loaded: Path | None = None
@@ -33,7 +38,7 @@ def build_key() -> str:
     digest = hashlib.sha256()
     for source in SOURCES:
         digest.update(source.read_bytes())
-    digest.update(f"{torch.__version__}|{sys.implementation.cache_tag}|{platform.machine()}".encode())
+    digest.update(f"{torch.__version__}|{sys.implementation.cache_tag}|{platform.machine()}|{FLAGS}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -56,8 +61,8 @@ def build(root: str | Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="llm-kernels-") as scratch:
         compile_ = ("import sys; from torch.utils import cpp_extension; "
-                    "cpp_extension.load(name=sys.argv[1], sources=sys.argv[3:], build_directory=sys.argv[2], "
-                    "extra_cflags=['-O3'], is_python_module=False)")
+                    f"cpp_extension.load(name=sys.argv[1], sources=sys.argv[3:], build_directory=sys.argv[2], "
+                    f"extra_cflags={list(FLAGS)}, extra_ldflags=['-fopenmp'], is_python_module=False)")
         done = subprocess.run([sys.executable, "-c", compile_, LIBRARY, scratch, *map(str, SOURCES)],
                               capture_output=True, text=True)
         if done.returncode != 0:
@@ -98,8 +103,20 @@ def load(engine_dir: str | Path | None) -> str | None:
             torch.ops.load_library(str(found))
         except (OSError, RuntimeError) as exc:
             return f"could not load {found}: {exc}"
+        _register_fakes()
         _loaded = found
         return None
+
+
+def _register_fakes() -> None:
+    """Output shapes for torch.export, which traces the compiled decode step through these ops."""
+    torch.library.register_fake("llm_cpu::decode_attention")(lambda q, k_cache, v_cache, reads, positions:
+                                                             torch.empty_like(q))
+
+
+def available() -> bool:
+    """Whether this process has loaded the kernels (``torch.ops.llm_cpu``)."""
+    return _loaded is not None
 
 
 def describe() -> str:

@@ -92,6 +92,42 @@ def test_int8_linear_is_bit_identical_to_the_eager_path(kernels, int8_sq_engine,
     assert failures == "[]"
 
 
+@pytest.mark.parametrize("isa", ["native", "scalar"])
+def test_decode_attention_matches_sdpa_over_the_gathered_cache(int8_sq_engine, isa):
+    """The compiled decode step's attention (kernels/decode_attention.cpp) against PyTorch's SDPA on the same keys
+    gathered and masked, in float32: rows at different positions, blocks out of order, GQA groups of 1, 3 and 12
+    (over the AVX-512 path's 8: its portable loops), and a history shorter than a 16-lane chunk."""
+    cases = [(rows, heads, kv_heads, dtype) for rows, heads, kv_heads in ((1, 9, 3), (5, 9, 3), (3, 4, 4), (2, 12, 1))
+             for dtype in ("float32", "bfloat16")]
+    code = f"""
+        import torch
+        import torch.nn.functional as F
+        from cpu_engine import native
+        assert native.load({str(int8_sq_engine)!r}) is None
+        worst = {{}}
+        for rows, heads, kv_heads, dtype in {cases!r}:
+            torch.manual_seed(rows * heads)
+            dtype, dim, keys = getattr(torch, dtype), 64, 70
+            pool = rows * keys + 32
+            k_cache, v_cache = (torch.randn(pool, kv_heads, dim).to(dtype) for _ in range(2))
+            reads = torch.randperm(pool)[:rows * keys].view(rows, keys)
+            positions = torch.randint(0, keys, (rows,))
+            positions[0], positions[-1] = keys - 1, 3
+            q = torch.randn(rows, heads, dim).to(dtype)
+            got = torch.ops.llm_cpu.decode_attention(q, k_cache, v_cache, reads, positions).float()
+            k, v = (c[reads].float().transpose(1, 2) for c in (k_cache, v_cache))
+            mask = (torch.arange(keys)[None] <= positions[:, None]).view(rows, 1, 1, keys)
+            want = F.scaled_dot_product_attention(q.float()[:, :, None], k, v, attn_mask=mask, enable_gqa=True)
+            worst[(rows, heads, kv_heads, str(dtype))] = float((got - want[:, :, 0]).abs().max())
+        print(worst)
+    """
+    done = _run(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
+    assert done.returncode == 0, done.stderr
+    for (_, _, _, dtype), error in eval(done.stdout).items():  # noqa: S307 - our own subprocess's dict literal
+        # float32: summation order only; bfloat16: the output's rounding (values of magnitude < 4, 2^-8 relative)
+        assert error < (1e-5 if dtype == "torch.float32" else 2 ** -6), (dtype, error)
+
+
 def _logits(loaded, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill logits of every position, then one 4-row decode step (rows at different positions)."""
     model = loaded.model
@@ -118,7 +154,9 @@ def test_the_engine_with_kernels_equals_the_engine_without(kernels, int8_sq_engi
 
 def test_without_a_compiler_the_engine_runs_eager_with_the_same_numbers(kernels, int8_sq_engine, tmp_path):
     """An engine directory without its library (copied without ``kernels/``), no compiler and an empty cache:
-    it loads, says why it runs eager, and gives the fused engine's logits."""
+    it loads, says why it runs eager, and gives the fused engine's prefill logits bit for bit. Its decode step
+    attends in ATen ops, which round the scores to bf16 where the kernel keeps float32: within two bf16 steps of
+    the largest logit (2^-6 of it: that difference, then the bf16 logits' own rounding)."""
     bare = tmp_path / "engine"
     bare.mkdir()
     for name in ("config.json", "rank0.safetensors"):
@@ -137,7 +175,9 @@ def test_without_a_compiler_the_engine_runs_eager_with_the_same_numbers(kernels,
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["kernels"] == "eager"
     assert "run eager PyTorch" in done.stderr and "could not build the C++ kernels" in done.stderr
-    assert got["logits"] == want
+    assert got["logits"][0] == want[0]
+    decode, kernel = torch.tensor(got["logits"][1]), torch.tensor(want[1])
+    assert ((decode - kernel).abs() <= kernel.abs().amax(-1, keepdim=True) * 2 ** -6).all()
 
 
 def onednn_reference_kernels(verbose_log: str) -> list[str]:
