@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -128,8 +129,9 @@ class CompiledDecode:
     """The compiled step and the model's head, called as the model is for a decode batch: (tokens [B, 1], positions
     [B, 1], blocks [B, N], cache) → fp32 logits [B, V]."""
 
-    def __init__(self, runner, head: nn.Module, max_rows: int, path: Path):
-        self.runner = runner
+    def __init__(self, run: Callable[[list[torch.Tensor]], list[torch.Tensor]], head: nn.Module, max_rows: int,
+                 path: Path):
+        self.run = run  # the package's flat inputs → its flat outputs
         self.head = head
         self.max_rows = max_rows
         self.path = path
@@ -137,7 +139,7 @@ class CompiledDecode:
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, blocks: torch.Tensor, cache) -> torch.Tensor:
         positions = positions[:, 0]
         writes, reads = step_rows(positions, blocks, cache.block_size)
-        hidden = self.runner(tokens[:, 0], positions, writes, reads, *(t for pair in cache.layers for t in pair))
+        [hidden] = self.run([tokens[:, 0], positions, writes, reads, *(t for pair in cache.layers for t in pair)])
         return self.head(hidden).float()
 
 
@@ -150,12 +152,25 @@ def load(engine_dir: str | Path, config: dict, model: Transformer) -> tuple[Comp
         return None, (f"no compiled decode step for this code and torch {torch.__version__} at {path} "
                       f"(python -m builders kernels --engine-dir {engine_dir} compiles it)")
     try:
-        runner = torch._inductor.aoti_load_package(str(path))
-        runner.load_constants(_constants(runner.get_constant_fqns(), model, config), check_full_update=True,
-                              user_managed=True)
+        run = _open(path, model, config)
     except (RuntimeError, KeyError, OSError) as exc:  # a package from another build of torch, or broken
         return None, f"could not load {path}: {exc}"
-    return CompiledDecode(runner, model.lm_head, max_rows(config), path), ""
+    return CompiledDecode(run, model.lm_head, max_rows(config), path), ""
+
+
+def _open(path: Path, model: Transformer, config: dict) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """The package loaded, its weights the model's tensors. Through the engine's C++ kernels where they are loaded
+    (kernels/compiled_runner.cpp): torch's Python binding of the loader holds the GIL for the whole step, so the
+    served model's other threads (responses, admissions) would wait out every step."""
+    if native.available():
+        handle = torch.ops.llm_cpu.compiled_open(str(path))
+        constants = _constants(torch.ops.llm_cpu.compiled_constant_names(handle), model, config)
+        torch.ops.llm_cpu.compiled_set_constants(handle, list(constants), list(constants.values()))
+        return functools.partial(torch.ops.llm_cpu.compiled_run, handle)
+    runner = torch._inductor.aoti_load_package(str(path))
+    runner.load_constants(_constants(runner.get_constant_fqns(), model, config), check_full_update=True,
+                          user_managed=True)
+    return runner.loader.boxed_run
 
 
 def _constants(names: list[str], model: Transformer, config: dict) -> dict[str, torch.Tensor]:

@@ -1,8 +1,9 @@
-"""The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): int8_sq's W8A8 projection and a decode step's
-attention read in place from the paged cache. Compiled ahead of time when an engine that uses them is built, cached
-next to the engine, and loaded with it; eager PyTorch is the fallback wherever no library can be found or built (no
-compiler, another torch, ``LLM_CPU_KERNELS=eager``): bit for bit the projection's numbers, and the attention's
-within bf16 rounding (ATen's matmuls round the scores to bf16, the kernel keeps float32).
+"""The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): int8_sq's W8A8 projection, a decode step's
+attention read in place from the paged cache, and the runner of the compiled decode step (without the GIL).
+Compiled ahead of time when an engine that uses them is built, cached next to the engine, and loaded with it;
+eager PyTorch is the fallback wherever no library can be found or built (no compiler, another torch,
+``LLM_CPU_KERNELS=eager``): bit for bit the projection's numbers, and the attention's within bf16 rounding (ATen's
+matmuls round the scores to bf16, the kernel keeps float32).
 
 A library is keyed by its sources, torch's version and the Python ABI, so an engine directory carried to a
 machine with another torch builds (or falls back) instead of loading a library built against other headers.
@@ -23,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).parent / "kernels" / name for name in ("int8_linear.cpp", "decode_attention.cpp"))
+SOURCES = tuple(Path(__file__).parent / "kernels" / name
+                for name in ("int8_linear.cpp", "decode_attention.cpp", "compiled_runner.cpp"))
 LIBRARY = "llm_cpu_kernels"
 # -fopenmp: at::parallel_for is a header template that runs its loop on one thread unless _OPENMP is defined. The
 # library then needs libgomp.so.1, which resolves to the copy torch loaded (the same soname).

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ from builders.cpu_build import BuildLimits, build_cpu_engine
 from cpu_engine import compiled_step, load_engine
 from cpu_engine.kv_cache import KVCache
 
+ROOT = Path(__file__).resolve().parents[1]
 LIMITS = BuildLimits(max_batch_size=4, max_input_len=192, max_seq_len=256, max_num_tokens=64)
 
 
@@ -93,6 +98,30 @@ def test_missing_or_disabled_package_runs_eager_and_says_why(int4_engine, tmp_pa
     assert "decode steps run eager" in caplog.text
     monkeypatch.setenv(compiled_step.EAGER_ENV, "eager")
     assert load_engine(int4_engine).decode == f"eager: {compiled_step.EAGER_ENV}=eager"
+
+
+def test_without_the_cpp_kernels_the_package_runs_through_torchs_loader(int4_engine, tmp_path):
+    """``LLM_CPU_KERNELS=eager`` (or no compiler): the step is compiled without the kernels' attention, keyed apart
+    from the package that calls them, and run by torch's own loader; the same logits as eager in that process."""
+    copied = shutil.copytree(int4_engine, tmp_path / "engine", ignore=shutil.ignore_patterns("compiled", "kernels"))
+    code = f"""
+        import copy, torch
+        from builders.cpu_build import compile_decode_step
+        from cpu_engine import load_engine, native
+        from tests.test_compiled_step import _decode_inputs
+        compile_decode_step({str(copied)!r})
+        loaded = load_engine({str(copied)!r})
+        assert not native.available() and loaded.model.compiled_decode is not None, loaded.decode
+        cache, tokens, positions, blocks = _decode_inputs(loaded, [5, 37, 100])
+        with torch.inference_mode():
+            eager = loaded.model(tokens, positions, blocks, copy.deepcopy(cache))
+            ours = loaded.model.compiled_decode(tokens, positions, blocks, cache)
+        print(float(((ours - eager).abs() / eager.abs().amax(-1, keepdim=True)).max()))
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "LLM_CPU_KERNELS": "eager"}, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.strip().splitlines()[-1]) <= 2 ** -7
 
 
 def test_a_package_of_other_code_is_never_loaded(int4_engine, tmp_path):
