@@ -73,7 +73,7 @@ engine: $(ENGINE_DIR)/config.json
 # The engine's compiled decode step and C++ kernels, rebuilt when their sources change (the engine build makes them;
 # an engine built by older code gets them here instead of serving eager).
 $(ENGINE_DIR)/.kernels: $(ENGINE_DIR)/config.json cpu_engine/model.py cpu_engine/quant.py cpu_engine/compiled_step.py cpu_engine/native.py \
-    $(wildcard cpu_engine/kernels/*.cpp)
+    $(wildcard cpu_engine/kernels/*.cpp cpu_engine/kernels/*.h)
 	$(PY) -m builders kernels --engine-dir $(ENGINE_DIR)
 	touch $@
 

@@ -26,6 +26,7 @@ import torch
 
 SOURCES = tuple(Path(__file__).parent / "kernels" / name
                 for name in ("int8_linear.cpp", "decode_attention.cpp", "compiled_runner.cpp"))
+HEADERS = (Path(__file__).parent / "kernels" / "lanes.h",)  # included by the sources: part of the key
 LIBRARY = "llm_cpu_kernels"
 # -fopenmp: at::parallel_for is a header template that runs its loop on one thread unless _OPENMP is defined. The
 # library then needs libgomp.so.1, which resolves to the copy torch loaded (the same soname).
@@ -38,7 +39,7 @@ _loaded: Path | None = None
 @functools.cache  # the sources do not change under a running process: hash them once
 def build_key() -> str:
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
     digest.update(f"{torch.__version__}|{sys.implementation.cache_tag}|{platform.machine()}|{FLAGS}".encode())
     return digest.hexdigest()[:16]

@@ -13,6 +13,8 @@
 
 #include <immintrin.h>
 
+#include "lanes.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -27,14 +29,8 @@ using c10::BFloat16;
 constexpr int LANES = 16;  // float32 lanes of an AVX-512 register; the scalar path keeps as many partial sums
 constexpr int MAX_GROUPS = 8;  // query heads per KV head the AVX-512 path holds in registers
 
-bool has_avx512() {
-  static const bool yes = [] {
-    const char* isa = std::getenv("LLM_CPU_KERNELS_ISA");
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           !(isa != nullptr && std::strcmp(isa, "scalar") == 0);
-  }();
-  return yes;
-}
+using llm_cpu_kernels::has_avx512;
+using llm_cpu_kernels::load16;
 
 inline float to_float(float v) { return v; }
 inline float to_float(BFloat16 v) { return static_cast<float>(v); }
@@ -74,13 +70,6 @@ inline void attend_one(const float* q, int64_t groups, int64_t dim, const T* k_c
 }
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,fma")))
-
-AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-
-AVX512 inline __m512 load16(const BFloat16* p) {  // bf16 → float32 is exact: the bits shifted up
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
 
 // e^x for x <= 0 (scores minus their maximum): 2^(x log2 e) = 2^n · 2^f, n = round(x log2 e), |f| <= 1/2, 2^f by
 // its degree-6 Taylor polynomial (relative error < 2e-7 there), 2^n applied by vscalefps (e^-inf → 0).
