@@ -163,9 +163,10 @@ class BlockManager:
         self._refs[block] += 1
 
     def _fresh(self, probe: bool = False, after: int | None = None) -> int:
-        """A block nobody holds: the one right after ``after`` if it is free or merely cached (a row whose blocks
-        are adjacent is read as a view, not copied: model.Step), else the lowest free one, else the least recently
-        released cached one."""
+        """A block nobody holds: the one right after ``after`` if it is free (a row whose blocks are adjacent is read
+        as a view where attention runs in ATen ops: model.Step), else the lowest free one, else the least recently
+        released cached one. A cached block is never evicted for adjacency while a free one is left: that threw away
+        other prompts' prefixes (16 prompts sent twice: the second burst missed the cache in about half the runs)."""
         nxt = None if after is None or probe else after + 1
         if probe and self._probe_free:
             block = self._probe_free.pop()
@@ -174,8 +175,6 @@ class BlockManager:
             self._free_set.discard(block)
             if len(self._free) > 2 * len(self._free_set) + 64:  # too many stale heap entries: rebuild
                 self._free = sorted(self._free_set)
-        elif nxt in self._cached:
-            block = self._evict(nxt)
         elif self._free_set:
             block = heapq.heappop(self._free)
             while block not in self._free_set:  # taken out of turn earlier

@@ -144,13 +144,15 @@ def test_random_traffic_keeps_the_counts_consistent():
         manager.release(found)
 
 
-def test_a_sequence_grows_into_the_block_after_its_last_when_nobody_holds_it():
-    """Adjacent blocks are read as one view (model.Step): the next block is taken when free or merely cached."""
+def test_a_sequence_grows_into_the_block_after_its_last_when_it_is_free_never_evicting_a_prefix_for_it():
+    """Adjacent blocks are read as one view (model.Step): the next block is taken when free. A cached block is not
+    evicted for that while free blocks are left: it holds another prompt's prefix."""
     manager = BlockManager(16, BS)
     a, _ = filled(manager, [1] * 12)  # blocks 1, 2, 3 committed
     manager.release(a)
     progress = CommitProgress()
     blocks = manager.take_prefix([1] * 8 + [2] * 4, 11, progress)  # blocks 1, 2 again; 3 holds other tokens
     assert blocks == [1, 2] and manager.grow(blocks, 16)
-    assert blocks == [1, 2, 3, 4]  # 3 evicted from the cache rather than a far block taken
-    assert manager.take_prefix([1] * 13, 12, CommitProgress())[:2] == [1, 2]
+    assert blocks == [1, 2, 4, 5]  # 3 stays cached; 4 is the lowest free block, 5 the one after it
+    manager.release(blocks)
+    assert manager.take_prefix([1] * 13, 12, CommitProgress()) == [1, 2, 3]
