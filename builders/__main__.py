@@ -35,13 +35,13 @@ def _engine(args) -> None:
 
 def _kernels(args) -> None:
     from cpu_engine import compiled_step, native
-    from cpu_engine.engine_dir import NATIVE_VARIANTS, engine_variant, read_config
+    from cpu_engine.engine_dir import engine_variant, read_config
 
     from .cpu_build import compile_decode_step
 
     variant = engine_variant(read_config(args.engine_dir))
-    if variant in NATIVE_VARIANTS or variant not in compiled_step.NOT_COMPILED:
-        print(f"C++ kernels: {native.build(args.engine_dir)}")
+    # Every variant calls them: int8_sq for its projections, the others from their compiled step.
+    print(f"C++ kernels: {native.build(args.engine_dir)}")
     if variant not in compiled_step.NOT_COMPILED:
         print(f"compiled decode step: {compile_decode_step(args.engine_dir)}")
 

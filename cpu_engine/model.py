@@ -246,19 +246,19 @@ class Transformer(nn.Module):
     def step_inputs(self, positions: torch.Tensor, blocks: torch.Tensor, block_size: int, dtype: torch.dtype) -> Step:
         kv_len = int(positions.max()) + 1
         cos, sin = rope(positions, self.inv_freq, dtype)
+        # A decode step attends in the C++ kernel where it is loaded, as the compiled step does: the same numbers
+        # whichever of the two runs a batch. It reads the cache rows in place and bounds each row by its position.
+        kernel = positions.shape[1] == 1 and native.available()
         # Causal within the block and bounded by each row's own history: key j is visible to query i iff j <= pos_i.
         # A decode step whose rows all sit at the same position needs no mask (the common batch-1 case).
         mask = None
-        if positions.shape[1] > 1 or int(positions.min()) != kv_len - 1:
+        if not kernel and (positions.shape[1] > 1 or int(positions.min()) != kv_len - 1):
             mask = (torch.arange(kv_len)[None, None, :] <= positions[:, :, None])[:, None]
         # Positions past a row's blocks (padding) map to block 0, which no sequence owns.
         needed = -(-kv_len // block_size)
         if blocks.shape[1] < needed:
             blocks = F.pad(blocks, (0, needed - blocks.shape[1]))
         writes = blocks.gather(1, positions // block_size) * block_size + positions % block_size
-        # A decode step attends in the C++ kernel where it is loaded, as the compiled step does: the same numbers
-        # whichever of the two runs a batch. It reads the cache rows in place.
-        kernel = positions.shape[1] == 1 and native.available()
         runs = _runs(blocks[0, :needed].tolist(), block_size, kv_len) if blocks.shape[0] == 1 and not kernel else ()
         # Views instead of a copy: one row's adjacent blocks, or its runs of them in a decode step (_attend_runs).
         if len(runs) == 1 or (1 < len(runs) <= MAX_RUNS and mask is None):
