@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,8 +15,8 @@ import torch
 from builders.cpu_build import BuildLimits, build_cpu_engine
 from cpu_engine import compiled_step, load_engine
 from cpu_engine.kv_cache import KVCache
+from tests.test_native_kernels import run_python
 
-ROOT = Path(__file__).resolve().parents[1]
 LIMITS = BuildLimits(max_batch_size=4, max_input_len=192, max_seq_len=256, max_num_tokens=64)
 
 
@@ -118,8 +114,7 @@ def test_without_the_cpp_kernels_the_package_runs_through_torchs_loader(int4_eng
             ours = loaded.model.compiled_decode(tokens, positions, blocks, cache)
         print(float(((ours - eager).abs() / eager.abs().amax(-1, keepdim=True)).max()))
     """
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "LLM_CPU_KERNELS": "eager"}, timeout=600)
+    done = run_python(code, {"LLM_CPU_KERNELS": "eager"})
     assert done.returncode == 0, done.stderr
     assert float(done.stdout.strip().splitlines()[-1]) <= 2 ** -7
 

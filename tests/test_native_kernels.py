@@ -37,7 +37,7 @@ def kernels(int8_sq_engine):
     return torch.ops.llm_cpu
 
 
-def _run(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=300)
 
@@ -46,7 +46,7 @@ def test_the_engine_build_compiles_the_kernels_next_to_the_engine(int8_sq_engine
     library = native.library_path(int8_sq_engine)
     assert library.is_file() and library.parent.parent == int8_sq_engine / "kernels"
     # A fresh process with an empty cache and no compiler loads them from there: nothing is built at start.
-    done = _run(f"""
+    done = run_python(f"""
         from cpu_engine.engine_dir import load_engine
         print(load_engine({str(int8_sq_engine)!r}).kernels)
     """, env={"XDG_CACHE_HOME": str(tmp_path / "cache"), "CXX": "/nonexistent/c++"})
@@ -84,7 +84,7 @@ def test_int8_linear_is_bit_identical_to_the_eager_path(kernels, int8_sq_engine,
                 failures.append((rows, in_f, out_f, str(dtype)))
         print(torch.ops.llm_cpu.int8_linear_isa(), failures)
     """
-    done = _run(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
+    done = run_python(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
     assert done.returncode == 0, done.stderr
     chosen, failures = done.stdout.strip().split(" ", 1)
     has_avx512 = "avx512bw" in Path("/proc/cpuinfo").read_text()
@@ -121,7 +121,7 @@ def test_decode_attention_matches_sdpa_over_the_gathered_cache(int8_sq_engine, i
             worst[(rows, heads, kv_heads, str(dtype))] = float((got - want[:, :, 0]).abs().max())
         print(worst)
     """
-    done = _run(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
+    done = run_python(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
     assert done.returncode == 0, done.stderr
     for (_, _, _, dtype), error in eval(done.stdout).items():  # noqa: S307 - our own subprocess's dict literal
         # float32: summation order only; bfloat16: the output's rounding (values of magnitude < 4, 2^-8 relative)
@@ -163,7 +163,7 @@ def test_without_a_compiler_the_engine_runs_eager_with_the_same_numbers(kernels,
         (bare / name).write_bytes((int8_sq_engine / name).read_bytes())
     ids = [3, 17, 42, 8, 99, 5, 61, 23]
     want = [t.tolist() for t in _logits(load_engine(int8_sq_engine), ids)]
-    done = _run(f"""
+    done = run_python(f"""
         import json, logging
         logging.basicConfig(level=logging.WARNING)
         from cpu_engine.engine_dir import load_engine
@@ -201,7 +201,7 @@ def test_the_reference_kernel_detector_sees_the_known_fallback():
 def test_the_decode_path_runs_no_onednn_reference_kernel(kernels, int8_sq_engine):
     """A 1-row and a 16-row decode step of the int8_sq engine under ONEDNN_VERBOSE: the int8 GEMMs do go through
     oneDNN (their lines are there), and no primitive runs a ``ref`` implementation."""
-    done = _run(f"""
+    done = run_python(f"""
         import torch
         from cpu_engine.engine_dir import load_engine
         from cpu_engine.kv_cache import KVCache
