@@ -23,7 +23,7 @@ CPU_ENGINE_VERSION = "cpu-engine-1"
 WEIGHTS_FILE = "rank0.safetensors"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 VARIANT_OF_QUANT_ALGO = {algo: variant for variant, algo in QUANT_ALGOS.items()}
-NATIVE_VARIANTS = ("int8_sq",)  # the variants whose projections have a C++ kernel (cpu_engine/native.py)
+NATIVE_VARIANTS = ("int8_sq", "int4_awq")  # variants whose projections call C++ kernels (native.py): W8A8, int4 chunks
 log = logging.getLogger(__name__)
 
 

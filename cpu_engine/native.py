@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 SOURCES = tuple(Path(__file__).parent / "kernels" / name
-                for name in ("int8_linear.cpp", "decode_attention.cpp", "compiled_runner.cpp"))
+                for name in ("int8_linear.cpp", "decode_attention.cpp", "int4_unpack.cpp", "compiled_runner.cpp"))
 HEADERS = (Path(__file__).parent / "kernels" / "lanes.h",)  # included by the sources: part of the key
 LIBRARY = "llm_cpu_kernels"
 # -fopenmp: at::parallel_for is a header template that runs its loop on one thread unless _OPENMP is defined. The

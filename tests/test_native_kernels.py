@@ -128,6 +128,45 @@ def test_decode_attention_matches_sdpa_over_the_gathered_cache(int8_sq_engine, i
         assert error < (1e-5 if dtype == "torch.float32" else 2 ** -6), (dtype, error)
 
 
+@pytest.mark.parametrize("capability,isa", [("avx512", "native"), ("avx512", "scalar"), ("avx2", "native"),
+                                            ("default", "native")])
+def test_int4_unpack_equals_the_int4_kernels_weights(int8_sq_engine, capability, isa):
+    """Prompt chunks' int4 weights (kernels/int4_unpack.cpp) against the int4 kernel's own product with the identity,
+    for each tile layout ATen can pick (ATEN_CPU_CAPABILITY), a last tile shorter than the others (208 rows), and 3
+    group sizes; then a chunk's output against the int4 kernel's (the weights' rounding to bf16 apart)."""
+    if capability == "avx512" and "avx512bw" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("ATen has no AVX-512 kernels on this CPU")
+    code = f"""
+        import torch
+        from cpu_engine import native
+        from cpu_engine.quant import INT4_DEQUANT_ROWS, Int4Linear
+        assert native.load({str(int8_sq_engine)!r}) is None
+        report = {{"capability": torch.backends.cpu.get_cpu_capability()}}
+        for out_f, in_f, group in ((128, 64, 32), (208, 128, 64), (192, 256, 128)):
+            torch.manual_seed(out_f)
+            linear = Int4Linear(in_f, out_f, group)
+            linear.load_state_dict(Int4Linear.quantise(torch.randn(out_f, in_f) * 0.05, group))
+            linear.pack()
+            report[(out_f, in_f, group)] = torch.equal(linear.unpacked_t().t().float(), linear.dequantised())
+            x = torch.randn(INT4_DEQUANT_ROWS + 3, in_f).to(torch.bfloat16)
+            want = linear(x).float()
+            linear.unpack = True
+            got = linear(x).float()
+            report[("chunk", out_f)] = float((got - want).norm() / want.norm())
+        print(report)
+    """
+    done = run_python(code, {"ATEN_CPU_CAPABILITY": capability,
+                             **({"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else {})})
+    assert done.returncode == 0, done.stderr
+    report = eval(done.stdout)  # noqa: S307 - our own subprocess's dict literal
+    assert report.pop("capability") == capability.upper()
+    for case, result in report.items():
+        if case[0] == "chunk":  # bf16 weights: 2^-9 relative each, summed with random signs
+            assert result < 5e-3, (case, result)
+        else:
+            assert result is True, case
+
+
 def _logits(loaded, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill logits of every position, then one 4-row decode step (rows at different positions)."""
     model = loaded.model
