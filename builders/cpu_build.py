@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from cpu_engine import compiled_step, native
-from cpu_engine.engine_dir import (CPU_ENGINE_VERSION, DTYPES, NATIVE_VARIANTS, WEIGHTS_FILE, engine_variant,
+from cpu_engine.engine_dir import (CPU_ENGINE_VERSION, DTYPES, WEIGHTS_FILE, engine_variant,
                                    load_engine, read_config)
 from cpu_engine.quant import QUANT_ALGOS, bf16_supported, quantise_state_dict
 
@@ -178,8 +178,7 @@ def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, variant: st
               "source_checkpoint": str(checkpoint.resolve())}
     (output_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     compiled = compile_step and variant not in compiled_step.NOT_COMPILED
-    if variant in NATIVE_VARIANTS or compiled:  # the compiled step calls the kernels' decode attention
-        _build_native_kernels(output_dir)
+    _build_native_kernels(output_dir)  # every variant calls them, and the compiled step is built for them
     if compiled:
         _compile_decode_step(output_dir)
     return output_dir
@@ -192,6 +191,7 @@ def compile_decode_step(engine_dir: str | Path) -> Path:
     variant = engine_variant(config)
     if variant in compiled_step.NOT_COMPILED:
         raise ValueError(f"{variant} engines have no compiled decode step (their projections are a C++ op)")
+    native.load(engine_dir)  # the package depends on whether the step can call them (else eager attention)
     target = compiled_step.package_path(engine_dir, config)
     if target.is_file():
         return target

@@ -23,7 +23,6 @@ CPU_ENGINE_VERSION = "cpu-engine-1"
 WEIGHTS_FILE = "rank0.safetensors"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 VARIANT_OF_QUANT_ALGO = {algo: variant for variant, algo in QUANT_ALGOS.items()}
-NATIVE_VARIANTS = ("int8_sq", "int4_awq")  # variants whose projections call C++ kernels (native.py): W8A8, int4 chunks
 log = logging.getLogger(__name__)
 
 
@@ -89,12 +88,12 @@ def _load_engine(engine_dir: str | Path) -> LoadedEngine:
     model.load_state_dict(state, strict=True)
     if model.args.tie_word_embeddings:  # one tensor, as in the checkpoint (56 MB saved in bf16)
         model.lm_head.weight = model.embed_tokens.weight
-    native_kernels = False
-    if variant in NATIVE_VARIANTS:
-        why_not = native.load(engine_dir)
-        native_kernels = why_not is None
-        if why_not:
-            log.warning("%s projections run eager PyTorch, slower with the same numbers: %s", variant, why_not)
+    # Every variant calls them (decode attention; int8_sq's projections, int4_awq's prompt chunks), and the compiled
+    # step's package is the one built for them when they are loaded.
+    why_not = native.load(engine_dir)
+    native_kernels = why_not is None
+    if why_not:
+        log.warning("the C++ kernels are not loaded; their callers run eager PyTorch, slower: %s", why_not)
     prepare_for_cpu(model, variant, dtype, native_kernels)
     del state
     # Loading frees the file's tensors and the repacking's temporaries (RSS after loading int4_awq 735 → 450 MB).

@@ -1,9 +1,9 @@
 """The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): int8_sq's W8A8 projection, a decode step's
-attention read in place from the paged cache, and the runner of the compiled decode step (without the GIL).
-Compiled ahead of time when an engine that uses them is built, cached next to the engine, and loaded with it;
-eager PyTorch is the fallback wherever no library can be found or built (no compiler, another torch,
-``LLM_CPU_KERNELS=eager``): bit for bit the projection's numbers, and the attention's within bf16 rounding (ATen's
-matmuls round the scores to bf16, the kernel keeps float32).
+attention read in place from the paged cache, int4_awq's tiles unpacked to bf16 for prompt chunks, and the runner
+of the compiled decode step (without the GIL). Compiled ahead of time with every engine, cached next to it, and
+loaded with it; eager PyTorch is the fallback wherever no library can be found or built (no compiler, another torch,
+``LLM_CPU_KERNELS=eager``): bit for bit the projection's numbers, the attention's within bf16 rounding (ATen's
+matmuls round the scores to bf16, the kernel keeps float32), and int4's kernel for prompt chunks.
 
 A library is keyed by its sources, torch's version and the Python ABI, so an engine directory carried to a
 machine with another torch builds (or falls back) instead of loading a library built against other headers.
