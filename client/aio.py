@@ -18,9 +18,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
-from client.core import (STOPPED_CALL_END_TIMEOUT_S, Chunk, Completion, GenerationError, Health, Message,
-                         ResponseCollector, SamplingParams, build_chat_inputs, build_inputs, is_final, one_sequence,
-                         stop_inputs, to_error)
+from client.core import (Chunk, Completion, GenerationError, Health, Message, ResponseCollector, SamplingParams,
+                         build_chat_inputs, build_inputs, is_final, one_sequence, stop_inputs, to_error)
 
 # After the final response the server closes the call at once; this only bounds a server that does not.
 CALL_END_TIMEOUT_S = 5.0
@@ -31,7 +30,7 @@ class AsyncTextStream(AsyncIterator[str]):
 
     Iterating gives text only, for one sequence; ``chunks()`` gives ``Chunk``s instead (see ``client.TextStream``).
     The request is sent when iteration starts. Closing the stream early (``aclose()``, leaving an ``async with``
-    block) stops the request on the server, which frees its slot.
+    block) cancels the gRPC call so the server frees the request's slot.
     """
 
     def __init__(self, chunks: AsyncGenerator[Chunk, None], collector: ResponseCollector, sequences: int):
@@ -204,23 +203,19 @@ class AsyncLLMClient:
         except grpc.RpcError as exc:  # transport failures are raised, not returned as (None, error)
             raise to_error(exc, self.url) from None
         finally:
-            # Anything short of a final response or an error (caller stopped early, transport failure) ends the
-            # request on the server: stopped, then read to its end (client.core.STOPPED_CALL_END_TIMEOUT_S).
+            # Anything short of a final response or an error (caller stopped early, transport failure) cancels.
             if not finished:
-                if self.stop_model is None:
-                    responses.cancel()
-                else:
-                    await self._stop_on_server(collector.request_id)
-                    await _read_to_end(responses, STOPPED_CALL_END_TIMEOUT_S)
+                responses.cancel()
+                await self._stop_on_server(collector.request_id)
         raise GenerationError("the server closed the stream before sending a final response")
 
 
-async def _read_to_end(responses, timeout_s: float = CALL_END_TIMEOUT_S) -> None:
+async def _read_to_end(responses) -> None:
     """Read the call's status after its final response or error. A call the client drops before that can leave
     Triton 2.51 holding a reference to the model, and SIGTERM then waits the whole exit timeout and exits 1
     (docs/reliability.md, B5)."""
     try:
-        async with asyncio.timeout(timeout_s):
+        async with asyncio.timeout(CALL_END_TIMEOUT_S):
             async for _ in responses:
                 pass
     except (TimeoutError, grpc.RpcError):

@@ -307,13 +307,6 @@ def _request_inputs(what: grpcclient.InferInput, params: SamplingParams, stream:
     return inputs
 
 
-# An abandoned request is stopped, then its call read until its final response, never cancelled first: cancelling a
-# call whose final response is on its way can leak Triton 2.51's stream state, which keeps the model loaded at
-# shutdown (docs/reliability.md, cause D). The final response comes within a step (~15 ms); a request still in
-# preprocessing when stopped is not found by ``stop`` and runs on, so its call is cancelled after this.
-STOPPED_CALL_END_TIMEOUT_S = 1.0
-
-
 def stop_inputs() -> list[grpcclient.InferInput]:
     """TensorRT-LLM's ``stop`` request for the LLM model: ends the running request with the same request
     id. The required inputs carry placeholders; the model looks only at ``stop`` and the id.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
@@ -18,8 +17,8 @@ from typing import Any
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from client.core import (STOPPED_CALL_END_TIMEOUT_S, Chunk, Completion, Health, Message, ResponseCollector,
-                         SamplingParams, build_chat_inputs, build_inputs, is_final, one_sequence, stop_inputs, to_error)
+from client.core import (Chunk, Completion, Health, Message, ResponseCollector, SamplingParams, build_chat_inputs,
+                         build_inputs, is_final, one_sequence, stop_inputs, to_error)
 
 # How long to wait for a dead stream's callback to report why it died.
 _CALLBACK_GRACE_S = 5.0
@@ -162,7 +161,7 @@ class LLMClient:
         if not self._busy.acquire(blocking=False):
             raise RuntimeError("LLMClient runs one request at a time; finish or close the current stream first")
         responses: queue.SimpleQueue = queue.SimpleQueue()
-        finished = broken = False
+        finished = False
         try:
             try:
                 self._grpc.start_stream(callback=lambda result, error: responses.put((result, error)),
@@ -186,21 +185,17 @@ class LLMClient:
                 if error is not None:
                     # An error the server sent (no gRPC status) ends the request there: nothing to cancel or
                     # stop. A transport error (with a status) may leave it running.
-                    broken = error.status() is not None
-                    finished = not broken
+                    finished = error.status() is None
                     raise to_error(error, self.url)
                 finished = is_final(result)  # set before yielding: the caller may stop right after
                 chunk = collector.add(result)
                 if chunk is not None:
                     yield chunk
         finally:
-            # Anything short of a final response or a server error (caller stopped early, transport) ends the
-            # request on the server: stopped, then (stream intact) its final response awaited before the stream
-            # closes; cancelled when that does not come (client.core.STOPPED_CALL_END_TIMEOUT_S).
-            if not finished and collector.sent and self.stop_model is not None:
-                self._stop_on_server(collector.request_id)
-                finished = not broken and _final_arrives(responses, STOPPED_CALL_END_TIMEOUT_S)
+            # Anything short of a final response or a server error (caller stopped early, transport) cancels.
             self._grpc.stop_stream(cancel_requests=not finished)
+            if not finished and collector.sent:
+                self._stop_on_server(collector.request_id)
             self._busy.release()
 
     def _stop_on_server(self, request_id: str) -> None:
@@ -222,18 +217,3 @@ class LLMClient:
         finally:
             stopper.stop_stream()
             stopper.close()
-
-
-def _final_arrives(responses: queue.SimpleQueue, timeout_s: float) -> bool:
-    """Whether the stream's final response (or the server's error, which also ends the request) comes in time."""
-    deadline = time.monotonic() + timeout_s
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            result, error = responses.get(timeout=left)
-        except queue.Empty:
-            return False
-        if error is not None:
-            return error.status() is None
-        if is_final(result):
-            return True
-    return False

@@ -376,25 +376,16 @@ def test_chat_and_stream_chat_share_the_generate_path():
     assert fake.stopped == [False, False]
 
 
-def test_stopping_iteration_early_stops_the_request_then_closes_its_stream_without_cancelling():
+def test_stopping_iteration_early_cancels_the_request_and_frees_the_client():
     llm, fake = fake_client(STREAM_SCRIPT)
     with llm.stream("p") as stream:
         assert next(stream) == "Hel"
-    # TensorRT-LLM's `stop` goes to the LLM model under the same request id (Triton's ensemble does not cancel a
-    # step that is already running); the request's final response then closes its stream, not a cancellation
-    # (which can leak Triton 2.51's stream state: docs/reliability.md, cause D). [stop's own stream, this one]
-    assert fake.stopped == [False, False] and stream.completion is None
+    # The stream is cancelled, then TensorRT-LLM's `stop` goes to the LLM model under the same request id
+    # (Triton's ensemble does not cancel a step that is already running).
+    assert fake.stopped == [True, False] and stream.completion is None
     (_, request_id, _), (stop_model, stop_id, stop_inputs) = fake.sent
     assert stop_model == "llm" and stop_id == request_id and "stop" in stop_inputs
     assert llm.generate("p").text == "Hello!"  # the one-request-at-a-time lock was released
-
-
-def test_a_stopped_request_whose_final_response_does_not_come_is_cancelled(monkeypatch):
-    monkeypatch.setattr("client.sync.STOPPED_CALL_END_TIMEOUT_S", 0.05)
-    llm, fake = fake_client(STREAM_SCRIPT[:2])  # e.g. still in preprocessing when stopped: `stop` finds nothing
-    with llm.stream("p") as stream:
-        assert next(stream) == "Hel"
-    assert fake.stopped == [False, True] and fake.sent[-1][0] == "llm"
 
 
 def test_a_server_error_raises_and_ends_the_stream_without_cancel_or_stop():
@@ -410,7 +401,7 @@ def test_a_transport_error_cancels_and_stops_the_request():
     llm, fake = fake_client([(None, InferenceServerException(msg="socket closed", status="StatusCode.UNAVAILABLE"))])
     with pytest.raises(GenerationError, match="socket closed"):
         llm.generate("p")
-    assert fake.stopped[-1] is True and fake.sent[-1][0] == "llm"  # a broken stream: no final response to wait for
+    assert fake.stopped[0] is True and fake.sent[-1][0] == "llm"
 
 
 def test_bad_params_fail_when_the_stream_is_created_not_when_it_is_iterated():
@@ -447,13 +438,13 @@ class FakeAioCall:
         self.cancelled = True
 
 
-def fake_aio_client(script, first_call: type[FakeAioCall] = FakeAioCall) -> tuple[AsyncLLMClient, list[FakeAioCall]]:
+def fake_aio_client(script) -> tuple[AsyncLLMClient, list[FakeAioCall]]:
     llm = AsyncLLMClient.__new__(AsyncLLMClient)  # no channel: nothing here touches the network
     llm.url, llm.model, llm._timeout, llm.stop_model, calls = "fake:1", "ensemble", None, "llm", []
 
     class Grpc:
         def stream_infer(self, requests, stream_timeout=None):
-            calls.append((FakeAioCall if calls else first_call)(requests, script))
+            calls.append(FakeAioCall(requests, script))
             return calls[-1]
 
     llm._grpc = Grpc()
@@ -490,15 +481,13 @@ def test_async_chat_and_stream_chat():
     assert [s["stream"][2][0, 0] for s in sent] == [False, True]
 
 
-def test_async_early_close_stops_then_reads_the_call_to_its_end_and_errors_raise():
+def test_async_early_close_cancels_and_errors_raise():
     async def run():
         llm, calls = fake_aio_client(STREAM_SCRIPT)
         async with llm.stream("p") as stream:
             await stream.__anext__()
         stop_request = [r async for r in calls[-1].requests]
         assert stop_request[0]["model_name"] == "llm" and stop_request[0]["request_id"] == stream.request_id
-        # Stopped, then read to its end: not cancelled (docs/reliability.md, cause D).
-        assert not calls[0].cancelled and calls[0].read_to_end
         failing, failed_calls = fake_aio_client([(None, InferenceServerException(msg="bad prompt")), (None, None)])
         with pytest.raises(GenerationError, match="bad prompt"):
             await failing.generate("p")
@@ -509,26 +498,7 @@ def test_async_early_close_stops_then_reads_the_call_to_its_end_and_errors_raise
             await cut.generate("p")
         return calls
 
-    asyncio.run(run())
-
-
-def test_async_a_stopped_call_that_does_not_end_is_cancelled(monkeypatch):
-    monkeypatch.setattr("client.aio.STOPPED_CALL_END_TIMEOUT_S", 0.05)
-
-    class Hanging(FakeAioCall):
-        async def __anext__(self):
-            if self.script:
-                return self.script.pop(0)
-            await asyncio.sleep(3600)  # no final response ever comes
-
-    async def run():
-        llm, calls = fake_aio_client(STREAM_SCRIPT[:1], first_call=Hanging)
-        async with llm.stream("p") as stream:
-            await stream.__anext__()
-        return calls
-
-    ensemble_call, stop_call = asyncio.run(run())
-    assert ensemble_call.cancelled and stop_call.read_to_end
+    assert asyncio.run(run())[0].cancelled
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
