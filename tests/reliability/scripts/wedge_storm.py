@@ -60,9 +60,11 @@ async def _worker(client, rng: random.Random, progress: Progress, args, stop: as
             await asyncio.wait({task}, timeout=rng.uniform(0, args.max_delay_s) if rng.random() < args.abandon
                                else None)
         finally:
-            if not task.done():  # abandoned: the SDK cancels its call and sends `stop`
+            if not task.done():  # abandoned (or the storm is over): the SDK cancels its call and sends `stop`
                 task.cancel()
                 progress.abandoned += 1
+                # Its `stop` sent before this worker ends too, so no call is left open when the client closes.
+                await asyncio.wait({task})
         try:
             await task
             progress.completed += 1
