@@ -209,9 +209,9 @@ def _compile_decode_step(engine_dir: Path) -> None:
 
 def _build_native_kernels(engine_dir: Path) -> None:
     """Ahead of time, next to the engine (cpu_engine/native.py): serving then loads them without a compiler. An
-    engine without them still serves, through the eager path that computes the same numbers."""
+    engine without them still serves, through eager PyTorch (native.py says how close its numbers are)."""
     try:
         native.build(engine_dir)
     except (OSError, RuntimeError) as exc:
         log.warning("the C++ kernels were not built (%s): this engine runs eager PyTorch where it would call them "
-                    "(int8_sq's projections, the compiled decode step's attention)", exc)
+                    "(decode attention, int8_sq's projections, int4_awq's prompt chunks)", exc)

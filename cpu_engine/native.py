@@ -34,6 +34,7 @@ FLAGS = ("-O3", "-fopenmp")
 EAGER_ENV = "LLM_CPU_KERNELS"  # "eager": never load or build the library (A/B runs, fallback tests)
 _lock = threading.Lock()
 _loaded: Path | None = None
+_failed: str | None = None  # why not, once: a process either has the library or runs eager throughout
 
 
 @functools.cache  # the sources do not change under a running process: hash them once
@@ -84,12 +85,12 @@ def load(engine_dir: str | Path | None) -> str | None:
     """Make ``torch.ops.llm_cpu`` available in this process. Returns None when it is, else why not (the callers
     then run their eager path). Looks next to the engine, then in the user cache; builds into the first of the
     two that is writable when neither holds the library."""
-    global _loaded
+    global _loaded, _failed
     if os.environ.get(EAGER_ENV, "").lower() == "eager":
         return f"{EAGER_ENV}=eager"
     with _lock:
-        if _loaded is not None:
-            return None
+        if _loaded is not None or _failed is not None:
+            return _failed
         roots = ([Path(engine_dir)] if engine_dir is not None else []) + [user_cache()]
         found = next((library_path(r) for r in roots if library_path(r).is_file()), None)
         errors = []
@@ -101,11 +102,13 @@ def load(engine_dir: str | Path | None) -> str | None:
                 except (OSError, RuntimeError) as exc:  # no compiler or headers, a read-only directory: next root
                     errors.append(f"{root}: {exc}")
         if found is None:
-            return "could not build the C++ kernels (" + "; ".join(errors) + ")"
+            _failed = "could not build the C++ kernels (" + "; ".join(errors) + ")"
+            return _failed
         try:
             torch.ops.load_library(str(found))
         except (OSError, RuntimeError) as exc:
-            return f"could not load {found}: {exc}"
+            _failed = f"could not load {found}: {exc}"
+            return _failed
         _register_fakes()
         _loaded = found
         return None
@@ -115,6 +118,9 @@ def _register_fakes() -> None:
     """Output shapes for torch.export, which traces the compiled decode step through these ops."""
     torch.library.register_fake("llm_cpu::decode_attention")(lambda q, k_cache, v_cache, reads, positions:
                                                              torch.empty_like(q))
+    torch.library.register_fake("llm_cpu::int4pack_to_bf16")(
+        lambda packed, scales_zeros, group, block_n, split: packed.new_empty(
+            (packed.shape[1] * 2, packed.shape[0]), dtype=torch.bfloat16))
 
 
 def available() -> bool:

@@ -21,6 +21,7 @@ runs bf16 over the tied embedding from 8 rows on, where int8's kernel is compute
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .model import Transformer
+
+log = logging.getLogger(__name__)
 
 QUANT_ALGOS = {"int8_wo": "W8A16", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16_AWQ", "fp8": "FP8"}
 # _weight_int8pack_mm's cost grows with its rows (torch 2.13: ~12 µs a row for 3,072 x 576; one call of 16-32 rows
@@ -40,7 +43,7 @@ TIED_HEAD_ROWS = 8  # Int8Head: rows from which the tied bf16 embedding's GEMM b
 INT8_DEQUANT_MAX_ELEMENTS = 4 << 20
 # _weight_int4pack_mm_for_cpu computes in float32 FMA tiles; a bf16 GEMM (AVX512-BF16, AMX) runs at twice that peak.
 # 30 layers' projections, 2 threads, Zen 4: 16 rows int4 22.6 / unpack 9.3 + bf16 14.3 ms, 32 rows 41.4 / 9.5 +
-# 22.2, 256 rows 321 / 9.3 + 130. Decode batches (≤ 17 rows, compiled) stay on the int4 kernel.
+# 22.2, 256 rows 321 / 9.3 + 130. Compiled decode steps always keep the int4 kernel (eager ones from 24 rows do not).
 INT4_DEQUANT_ROWS = 24
 # How torch tiles int4 weights depends on the kernel ATen dispatches to: (rows a tile, whose full tiles "split" the
 # nibbles between its two halves) by torch.backends.cpu.get_cpu_capability(); see kernels/int4_unpack.cpp.
@@ -298,14 +301,30 @@ def prepare_for_cpu(model: Transformer, variant: str | None, dtype: torch.dtype,
         model.lm_head.tied = model.embed_tokens.weight.detach() if tied else None
     elif variant == "int8_sq":  # W8A8 like its projections: 16 rows 9.5 → 3.2 ms, 1 row 0.8 → 0.4 ms
         model.lm_head = SmoothQuantLinear.from_weight(model.lm_head.weight.detach())
+    int4 = []
     for name, m in list(model.named_modules()):
         if isinstance(m, nn.Linear) and dtype == torch.float32:
             _replace(model, name, SplitLinear(m.weight.detach()))
         elif isinstance(m, Int4Linear):
             m.pack()
-            m.unpack = native_kernels and bf16_supported()
+            int4.append(m)
         elif isinstance(m, SmoothQuantLinear):
             m.fused = native_kernels
+    unpack = bool(int4) and native_kernels and bf16_supported() and _int4_unpack_matches(int4[0])
+    for m in int4:
+        m.unpack = unpack
+
+
+def _int4_unpack_matches(linear: "Int4Linear") -> bool:
+    """The tile layout is ATen's private one: checked once per load against the int4 kernel's own weights (within one
+    bf16 rounding: ATen's AVX2 kernel orders its FMAs differently), so a torch that tiles otherwise keeps the int4
+    kernel for prompt chunks instead of computing with scrambled weights."""
+    want = linear.dequantised()
+    if torch.allclose(linear.unpacked_t().t().float(), want, rtol=2 ** -7, atol=0):
+        return True
+    log.warning("int4 prompt chunks keep the int4 kernel: unpacking this torch's int4 tiles (%s, %s) does not give its "
+                "weights", torch.__version__, torch.backends.cpu.get_cpu_capability())
+    return False
 
 
 def observe_inputs(model: nn.Module, batches, wanted: Callable[[str], bool],

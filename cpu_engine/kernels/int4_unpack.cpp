@@ -1,7 +1,8 @@
 // int4_awq's weight for a prompt chunk: torch's tiled uint4 layout (torch._convert_weight_to_int4pack_for_cpu)
 // turned back into a bf16 Wᵀ [in, out], so that the chunk's rows run one bf16 GEMM (oneDNN: AVX512-BF16 / AMX)
 // instead of _weight_int4pack_mm_for_cpu's float32 FMA tiles, which slow down with the rows (30 layers, 256 rows:
-// 347 → 131 ms on Zen 4). Each weight is dequantised as the int4 kernel does, fma(q - 8, scale, zero) in float32,
+// 347 → 131 ms on Zen 4). Each weight is dequantised as ATen's AVX-512 and portable int4 kernels do it,
+// fma(q - 8, scale, zero) in float32 (its AVX2 kernel orders the FMAs otherwise: at most float32's last bit apart),
 // then rounded to bf16.
 //
 // The tiled layout, per block of `block_n` output rows (the last block may be shorter) starting at n0, stored at
@@ -19,6 +20,8 @@
 #include "lanes.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <vector>
 
 namespace {

@@ -100,7 +100,7 @@ class TritonPythonModel:
                            dtype=loaded.compute_dtype).start()
         pb_utils.Logger.log_info(f"CPU engine loaded from {params['engine_dir']} in {loaded.load_seconds:.2f}s "
                                  f"({loaded.compute_dtype}, {threads} threads, {limits}; decode step "
-                                 f"{loaded.decode}; projections {loaded.kernels})")
+                                 f"{loaded.decode}; C++ kernels {loaded.kernels})")
         return engine, loaded.build_config, loaded.model.args.vocab_size
 
     def _open_executor(self, args: dict, params: dict):
