@@ -10,8 +10,8 @@
 
 ¹ Prompt chunks of ≥ ``INT8_DEQUANT_ROWS`` rows: the weight dequantised to bf16 for one GEMM.
 ² Quantisation, GEMM and rescale in one C++ kernel (``cpu_engine/kernels/int8_linear.cpp``) where it is built.
-³ Prompt chunks of ≥ ``INT4_DEQUANT_ROWS`` rows, where the C++ kernels are loaded and bf16 GEMMs are fast: the tiles
-  unpacked to a bf16 Wᵀ (``cpu_engine/kernels/int4_unpack.cpp``) for one bf16 GEMM.
+³ With ``LLM_CPU_INT4_CHUNKS=bf16``, prompt chunks of ≥ ``INT4_DEQUANT_ROWS`` rows, where the C++ kernels are loaded
+  and bf16 GEMMs are fast: the tiles unpacked to a bf16 Wᵀ (``cpu_engine/kernels/int4_unpack.cpp``) for one bf16 GEMM.
 
 The engine file keeps Hugging Face's per-projection tensors; at load q/k/v and gate/up are concatenated into one
 projection each (``fuse_projections``: 4 kernel calls per layer instead of 7), and the quantised variants also
@@ -22,6 +22,7 @@ runs bf16 over the tied embedding from 8 rows on, where int8's kernel is compute
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -45,6 +46,7 @@ INT8_DEQUANT_MAX_ELEMENTS = 4 << 20
 # 30 layers' projections, 2 threads, Zen 4: 16 rows int4 22.6 / unpack 9.3 + bf16 14.3 ms, 32 rows 41.4 / 9.5 +
 # 22.2, 256 rows 321 / 9.3 + 130. Compiled decode steps always keep the int4 kernel (eager ones from 24 rows do not).
 INT4_DEQUANT_ROWS = 24
+INT4_CHUNKS_ENV = "LLM_CPU_INT4_CHUNKS"  # "bf16": prompt chunks unpack to bf16 (faster prefill, see prepare_for_cpu)
 # How torch tiles int4 weights depends on the kernel ATen dispatches to: (rows a tile, whose full tiles "split" the
 # nibbles between its two halves) by torch.backends.cpu.get_cpu_capability(); see kernels/int4_unpack.cpp.
 INT4_TILES = {"AVX512": (64, True), "AVX2": (32, True)}
@@ -310,7 +312,10 @@ def prepare_for_cpu(model: Transformer, variant: str | None, dtype: torch.dtype,
             int4.append(m)
         elif isinstance(m, SmoothQuantLinear):
             m.fused = native_kernels
-    unpack = bool(int4) and native_kernels and bf16_supported() and _int4_unpack_matches(int4[0])
+    # Opt-in: a prompt's logits then depend on its chunk's size (a prefix-cache hit leaves < 24 rows, int4's kernel),
+    # and the default model's greedy answer to "What is the capital of France?" flips at a near tie between the two.
+    opted = os.environ.get(INT4_CHUNKS_ENV, "").lower() == "bf16"
+    unpack = opted and bool(int4) and native_kernels and bf16_supported() and _int4_unpack_matches(int4[0])
     for m in int4:
         m.unpack = unpack
 
