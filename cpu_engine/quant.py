@@ -296,7 +296,8 @@ def prepare_for_cpu(model: Transformer, variant: str | None, dtype: torch.dtype,
     """After loading: the layouts the CPU kernels want. A weight-quantised variant's ``lm_head`` becomes int8
     (113 MB fp32 / 56 MB bf16 → 28 MB read per step), int8_sq's as W8A8 without smoothing; fp32 linears become
     ``SplitLinear``; int4 weights are tiled; W8A8 linears use the C++ kernel when ``native_kernels``
-    (cpu_engine/native.py loaded it), and so do int4 prompt chunks where bf16 GEMMs are fast."""
+    (cpu_engine/native.py loaded it), and so do int4 prompt chunks with ``LLM_CPU_INT4_CHUNKS=bf16`` where bf16 GEMMs
+    are fast."""
     if variant in ("int8_wo", "int4_awq"):
         tied = model.lm_head.weight is model.embed_tokens.weight and model.lm_head.weight.dtype == torch.bfloat16
         model.lm_head = Int8Head.from_weight(model.lm_head.weight.detach())
