@@ -76,7 +76,10 @@ def test_200_streams_cancelled_at_random_points_free_every_slot(server):
 
 def test_how_each_client_frees_the_slot(server):
     """Finding 1, measured: a raw ensemble cancel frees the slot only at max_tokens; direct `llm` cancel and the
-    SDK (cancel + stop) free it within a step or two."""
+    SDK (cancel + stop) end the request as cancelled, long before it (typically within a step or two: printed).
+
+    What is asserted is how each request ended, not how fast: the time from abandon to ``stop`` is the client's
+    and the machine's (docs/reliability.md, B12: two CI runs saw one SDK abandon in five take ≥ 0.35 s)."""
     n = server.max_tokens
     rows = {kind: [relkit.raw_cancel_once(server.urls.grpc, server.urls.metrics, model, n, sdk=sdk)
                    for _ in range(5)]
@@ -85,10 +88,11 @@ def test_how_each_client_frees_the_slot(server):
     for kind, rs in rows.items():
         print(f"\n{kind:>20}: reasons {sorted({r['reason'] for r in rs})}, slot freed after median "
               f"{statistics.median(r['freed_s'] for r in rs) * 1000:.0f} ms, tokens generated median "
-              f"{statistics.median(r['tokens'] for r in rs):.0f} of {n}")
+              f"{statistics.median(r['tokens'] for r in rs):.0f} of {n}; each (ms, tokens): "
+              f"{[(round(r['freed_s'] * 1000), int(r['tokens'])) for r in rs]}")
     assert all(r["reason"] == "length" and r["tokens"] >= n - 1 for r in rows["raw ensemble cancel"])
-    assert all(r["reason"] == "cancelled" and r["tokens"] < n / 2 for r in rows["llm cancel"])
-    assert all(r["reason"] == "cancelled" and r["tokens"] < n / 2 for r in rows["SDK abandon"])
+    for kind in ("llm cancel", "SDK abandon"):
+        assert all(r["reason"] == "cancelled" and r["tokens"] < n - 1 for r in rows[kind]), (kind, rows[kind])
 
 
 def test_a_stop_that_overtakes_its_request_ends_it_on_arrival(server):
