@@ -31,6 +31,9 @@ from .threads import on_scratch_thread
 
 
 CANCEL_POLL_S = 0.02  # how stale a cancellation may be before its slot is freed
+# A prompt step is never as narrow as a decode step ([B, 1]): a prompt's last rows, whatever a prefix-cache hit left
+# of it, run the prompt's kernels (int4 weights unpacked to bf16, SDPA), not the decode step's.
+MIN_PROMPT_WIDTH = 2
 
 log = logging.getLogger(__name__)
 
@@ -278,9 +281,10 @@ class LLMEngine:
 
     def _prefill(self, chunks: list[tuple[Sequence, int]]) -> tuple[list[Sequence], list[torch.Tensor]]:
         """This step's prompt chunks in one [B, T] forward (16 prompts arriving together: a few forwards, not 16).
-        Shorter chunks are padded at the end; the padding's keys go to block 0 (model.Step), which no sequence
-        reads. Returns the sequences whose prompt is now complete (all n of each request) and their logits rows."""
-        width = max(n for _, n in chunks)
+        Shorter chunks are padded at the end (to ``MIN_PROMPT_WIDTH`` at least); the padding's keys go where the
+        chunk's next positions will overwrite them or to block 0 (model.Step), which no sequence reads. Returns the
+        sequences whose prompt is now complete (all n of each request) and their logits rows."""
+        width = max(MIN_PROMPT_WIDTH, *(n for _, n in chunks))
         tokens = torch.tensor([s.prefill_ids[s.prefilled:s.prefilled + n] + [0] * (width - n) for s, n in chunks])
         positions = torch.tensor([[s.prefilled] for s, _ in chunks]) + torch.arange(width)[None]
         logits = self.model(tokens, positions, block_tables([s for s, _ in chunks]), self.cache,

@@ -10,8 +10,8 @@
 
 ¹ Prompt chunks of ≥ ``INT8_DEQUANT_ROWS`` rows: the weight dequantised to bf16 for one GEMM.
 ² Quantisation, GEMM and rescale in one C++ kernel (``cpu_engine/kernels/int8_linear.cpp``) where it is built.
-³ With ``LLM_CPU_INT4_CHUNKS=bf16``, prompt chunks of ≥ ``INT4_DEQUANT_ROWS`` rows, where the C++ kernels are loaded
-  and bf16 GEMMs are fast: the tiles unpacked to a bf16 Wᵀ (``cpu_engine/kernels/int4_unpack.cpp``) for one bf16 GEMM.
+³ With ``LLM_CPU_INT4_CHUNKS=bf16``, prompt steps, where the C++ kernels are loaded and bf16 GEMMs are fast: the tiles
+  unpacked to a bf16 Wᵀ (``cpu_engine/kernels/int4_unpack.cpp``) for one bf16 GEMM; decode steps keep the int4 kernel.
 
 The engine file keeps Hugging Face's per-projection tensors; at load q/k/v and gate/up are concatenated into one
 projection each (``fuse_projections``: 4 kernel calls per layer instead of 7), and the quantised variants also
@@ -44,9 +44,10 @@ TIED_HEAD_ROWS = 8  # Int8Head: rows from which the tied bf16 embedding's GEMM b
 INT8_DEQUANT_MAX_ELEMENTS = 4 << 20
 # _weight_int4pack_mm_for_cpu computes in float32 FMA tiles; a bf16 GEMM (AVX512-BF16, AMX) runs at twice that peak.
 # 30 layers' projections, 2 threads, Zen 4: 16 rows int4 22.6 / unpack 9.3 + bf16 14.3 ms, 32 rows 41.4 / 9.5 +
-# 22.2, 256 rows 321 / 9.3 + 130. Compiled decode steps always keep the int4 kernel (eager ones from 24 rows do not).
-INT4_DEQUANT_ROWS = 24
-INT4_CHUNKS_ENV = "LLM_CPU_INT4_CHUNKS"  # "bf16": prompt chunks unpack to bf16 (faster prefill, see prepare_for_cpu)
+# 22.2, 256 rows 321 / 9.3 + 130. So prompt steps may unpack; decode steps (one row a sequence) keep the int4 kernel.
+# Opt-in: weights rounded to bf16 are other numbers, and the default model's greedy answer to "What is the capital
+# of France?" is then "L'Étoile, la Marseillaise, …" instead of Paris (bench/engine_notes.md).
+INT4_CHUNKS_ENV = "LLM_CPU_INT4_CHUNKS"  # "bf16": int4 prompt steps on bf16 GEMMs
 # How torch tiles int4 weights depends on the kernel ATen dispatches to: (rows a tile, whose full tiles "split" the
 # nibbles between its two halves) by torch.backends.cpu.get_cpu_capability(); see kernels/int4_unpack.cpp.
 INT4_TILES = {"AVX512": (64, True), "AVX2": (32, True)}
@@ -219,8 +220,8 @@ def int4_group_dequantise(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
 
 class Int4Linear(nn.Module):
     """W4A16: the file holds two uint4 per byte (``qweight`` [N, K / 2], low nibble first) and per-group scales and
-    zeros [N, K / g]; ``pack()`` turns them into the CPU kernel's tiled layout once, at load. Prompt chunks unpack the
-    tiles to bf16 for one GEMM when ``unpack`` (set by prepare_for_cpu)."""
+    zeros [N, K / g]; ``pack()`` turns them into the CPU kernel's tiled layout once, at load. Prompt steps unpack the
+    tiles to bf16 for one GEMM when ``tiles`` is set (prepare_for_cpu: the layout torch tiled them in)."""
 
     def __init__(self, in_features: int, out_features: int, group_size: int):
         super().__init__()
@@ -229,7 +230,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
         self.register_buffer("scales", torch.ones(out_features, groups, dtype=torch.bfloat16))
         self.register_buffer("zeros", torch.zeros(out_features, groups, dtype=torch.bfloat16))
-        self.unpack = False
+        self.tiles: tuple[int, bool] | None = None
 
     @staticmethod
     def quantise(weight: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
@@ -248,16 +249,19 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        # Exported (the compiled decode step): always the int4 kernel, whatever its largest batch.
-        if self.unpack and not torch.compiler.is_exporting() and rows.shape[0] >= INT4_DEQUANT_ROWS:
+        # A prompt step ([B, T > 1, K]; the engine never runs one of width 1) unpacks, whatever its number of rows: a
+        # prompt's logits must not depend on how much of it a prefix-cache hit left to compute. Decode steps
+        # ([B, 1, K], exported or eager) keep the int4 kernel.
+        prompt = x.dim() == 3 and x.shape[1] > 1
+        if self.tiles is not None and prompt and not torch.compiler.is_exporting():
             out = torch.mm(rows, self.unpacked_t())
         else:
             out = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_zeros)
         return out.view(*x.shape[:-1], -1).to(x.dtype)
 
-    def unpacked_t(self) -> torch.Tensor:
-        """Wᵀ [K, N] in bf16, unpacked from the tiles by the C++ kernel."""
-        block_n, split = INT4_TILES.get(torch.backends.cpu.get_cpu_capability(), INT4_TILES_DEFAULT)
+    def unpacked_t(self, tiles: tuple[int, bool] | None = None) -> torch.Tensor:
+        """Wᵀ [K, N] in bf16, unpacked from the tiles (``tiles``: rows a tile, split nibbles) by the C++ kernel."""
+        block_n, split = tiles or self.tiles
         return torch.ops.llm_cpu.int4pack_to_bf16(self.packed, self.scales_zeros, self.group_size, block_n, split)
 
     def dequantised(self) -> torch.Tensor:
@@ -296,7 +300,7 @@ def prepare_for_cpu(model: Transformer, variant: str | None, dtype: torch.dtype,
     """After loading: the layouts the CPU kernels want. A weight-quantised variant's ``lm_head`` becomes int8
     (113 MB fp32 / 56 MB bf16 → 28 MB read per step), int8_sq's as W8A8 without smoothing; fp32 linears become
     ``SplitLinear``; int4 weights are tiled; W8A8 linears use the C++ kernel when ``native_kernels``
-    (cpu_engine/native.py loaded it), and so do int4 prompt chunks with ``LLM_CPU_INT4_CHUNKS=bf16`` where bf16 GEMMs
+    (cpu_engine/native.py loaded it), and so do int4 prompt steps with ``LLM_CPU_INT4_CHUNKS=bf16`` where bf16 GEMMs
     are fast."""
     if variant in ("int8_wo", "int4_awq"):
         tied = model.lm_head.weight is model.embed_tokens.weight and model.lm_head.weight.dtype == torch.bfloat16
@@ -313,22 +317,21 @@ def prepare_for_cpu(model: Transformer, variant: str | None, dtype: torch.dtype,
             int4.append(m)
         elif isinstance(m, SmoothQuantLinear):
             m.fused = native_kernels
-    # Opt-in: a prompt's logits then depend on its chunk's size (a prefix-cache hit leaves < 24 rows, int4's kernel),
-    # and the default model's greedy answer to "What is the capital of France?" flips at a near tie between the two.
+    tiles = INT4_TILES.get(torch.backends.cpu.get_cpu_capability(), INT4_TILES_DEFAULT)
     opted = os.environ.get(INT4_CHUNKS_ENV, "").lower() == "bf16"
-    unpack = opted and bool(int4) and native_kernels and bf16_supported() and _int4_unpack_matches(int4[0])
+    unpack = opted and bool(int4) and native_kernels and bf16_supported() and _int4_unpack_matches(int4[0], tiles)
     for m in int4:
-        m.unpack = unpack
+        m.tiles = tiles if unpack else None
 
 
-def _int4_unpack_matches(linear: "Int4Linear") -> bool:
+def _int4_unpack_matches(linear: "Int4Linear", tiles: tuple[int, bool]) -> bool:
     """The tile layout is ATen's private one: checked once per load against the int4 kernel's own weights (within one
     bf16 rounding: ATen's AVX2 kernel orders its FMAs differently), so a torch that tiles otherwise keeps the int4
-    kernel for prompt chunks instead of computing with scrambled weights."""
+    kernel for prompt steps instead of computing with scrambled weights."""
     want = linear.dequantised()
-    if torch.allclose(linear.unpacked_t().t().float(), want, rtol=2 ** -7, atol=0):
+    if torch.allclose(linear.unpacked_t(tiles).t().float(), want, rtol=2 ** -7, atol=0):
         return True
-    log.warning("int4 prompt chunks keep the int4 kernel: unpacking this torch's int4 tiles (%s, %s) does not give its "
+    log.warning("int4 prompt steps keep the int4 kernel: unpacking this torch's int4 tiles (%s, %s) does not give its "
                 "weights", torch.__version__, torch.backends.cpu.get_cpu_capability())
     return False
 

@@ -132,25 +132,26 @@ def test_decode_attention_matches_sdpa_over_the_gathered_cache(int8_sq_engine, i
 @pytest.mark.parametrize("capability,isa", [("avx512", "native"), ("avx512", "scalar"), ("avx2", "native"),
                                             ("default", "native")])
 def test_int4_unpack_equals_the_int4_kernels_weights(int8_sq_engine, capability, isa):
-    """Prompt chunks' int4 weights (kernels/int4_unpack.cpp) against the int4 kernel's own product with the identity,
+    """Prompt steps' int4 weights (kernels/int4_unpack.cpp) against the int4 kernel's own product with the identity,
     for each tile layout ATen can pick (ATEN_CPU_CAPABILITY), last tiles of 16, 32 and 48 rows (208, 96, 112 rows),
-    and 3 group sizes: equal within one bf16 rounding (ATen's AVX2 kernel orders its FMAs otherwise); then a chunk's
-    output against the int4 kernel's (the weights' rounding to bf16 apart)."""
+    and 3 group sizes: equal within one bf16 rounding (ATen's AVX2 kernel orders its FMAs otherwise); then a prompt
+    step's output against the int4 kernel's (the weights' rounding to bf16 apart)."""
     code = f"""
         import torch
         from cpu_engine import native
-        from cpu_engine.quant import INT4_DEQUANT_ROWS, Int4Linear, _int4_unpack_matches
+        from cpu_engine.quant import INT4_TILES, INT4_TILES_DEFAULT, Int4Linear, _int4_unpack_matches
         assert native.load({str(int8_sq_engine)!r}) is None
         report = {{"capability": torch.backends.cpu.get_cpu_capability()}}
+        tiles = INT4_TILES.get(report["capability"], INT4_TILES_DEFAULT)
         for out_f, in_f, group in ((128, 64, 32), (208, 128, 64), (96, 64, 32), (112, 64, 64), (192, 256, 128)):
             torch.manual_seed(out_f)
             linear = Int4Linear(in_f, out_f, group)
             linear.load_state_dict(Int4Linear.quantise(torch.randn(out_f, in_f) * 0.05, group))
             linear.pack()
-            report[(out_f, in_f, group)] = _int4_unpack_matches(linear)
-            x = torch.randn(INT4_DEQUANT_ROWS + 3, in_f).to(torch.bfloat16)
+            report[(out_f, in_f, group)] = _int4_unpack_matches(linear, tiles)
+            x = torch.randn(1, 27, in_f).to(torch.bfloat16)  # a prompt step: [B, T > 1, K]
             want = linear(x).float()
-            linear.unpack = True
+            linear.tiles = tiles
             got = linear(x).float()
             report[("chunk", out_f)] = float((got - want).norm() / want.norm())
         print(report)

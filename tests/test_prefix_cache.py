@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cpu_engine import FinishReason, GenerationRequest, SamplingParams
+from cpu_engine.quant import INT4_CHUNKS_ENV, Int4Linear, bf16_supported
 from tests.test_engine import Collector, hf_model, start_engine  # noqa: F401 - the fixture
 
 SYSTEM = list(range(40, 40 + 61))  # 61 tokens: 7 whole blocks of 8 and 5 more
@@ -115,6 +116,45 @@ def test_a_cancelled_request_gives_its_blocks_back_and_keeps_its_prefix_cached(e
     stats = engine.blocks.stats()
     engine.shutdown(10)
     assert cached(collector, "d") == 56 and stats.used == 0
+
+
+@pytest.fixture(scope="module")
+def int4_engine_dir(tiny_checkpoint, tmp_path_factory):
+    """The default variant's kind of engine (int4 weights; bf16 compute where the CPU has it), no compiled step."""
+    from builders.cpu_build import BuildLimits, build_cpu_engine
+
+    return build_cpu_engine(tiny_checkpoint, tmp_path_factory.mktemp("prefix") / "int4_awq", variant="int4_awq",
+                            limits=BuildLimits(max_batch_size=4, max_input_len=192, max_seq_len=256,
+                                               max_num_tokens=64), calib_samples=4)
+
+
+@pytest.mark.parametrize("chunks", ["int4", "bf16"])
+def test_a_prompt_gives_the_same_logits_cold_and_after_a_hit_whatever_it_left(int4_engine_dir, chunks, monkeypatch):
+    """A hit leaves 1-8 tokens of the prompt (blocks of 8) where the cold prompt ran them in a 61-72-row step (or, past
+    the 64-token budget, in a 1-8-token chunk too): the first token's log-probs must be the same, with int4 prompt
+    steps on the int4 kernel (the default) and on bf16 GEMMs (``LLM_CPU_INT4_CHUNKS=bf16``, where the CPU has them).
+    They were not while that option switched to bf16 from 24 rows (the first-minute check's capital of France flipped
+    between the two); every prompt step now runs the same kernels (quant.Int4Linear, engine.MIN_PROMPT_WIDTH).
+    Measured then on this tiny model: 1.0e-5-3.1e-5 apart; 1e-6 bounds what a library's choice of summation order by
+    row count could change."""
+    monkeypatch.setenv(INT4_CHUNKS_ENV, "bf16" if chunks == "bf16" else "")
+    collector = Collector()
+    engine = start_engine(int4_engine_dir, collector, tokens_per_block=8, max_num_tokens=64)
+    unpacking = {m.tiles is not None for m in engine.model.modules() if isinstance(m, Int4Linear)}
+    assert unpacking == {chunks == "bf16" and bf16_supported()}
+    first = {}
+    for extra in range(12):
+        prompt = [40 + (i * 7 + extra * 13) % 400 for i in range(61 + extra)]  # a new prompt each time: cold
+        for kind in ("cold", "hit"):
+            run(engine, collector, [GenerationRequest(f"{kind}{extra}", prompt, max_new_tokens=1,
+                                                      return_log_probs=True, top_logprobs=5)])
+            first[kind, extra] = next(e for e in collector.events[f"{kind}{extra}"] if e.token_id is not None)
+    engine.shutdown(10)
+    for extra in range(12):
+        cold, hit = first["cold", extra], first["hit", extra]
+        assert (cold.cached_tokens, hit.cached_tokens) == (0, (60 + extra) // 8 * 8), extra
+        assert hit.token_id == cold.token_id and [t for t, _ in hit.top_logprobs] == [t for t, _ in cold.top_logprobs], extra
+        assert abs(hit.logprob - cold.logprob) <= 1e-6, (extra, hit.logprob - cold.logprob)
 
 
 @pytest.mark.parametrize("budget, blocks", [(1024, 64), (10**6, 8 * 256 // 16), (100, 256 // 16 + 1)])
