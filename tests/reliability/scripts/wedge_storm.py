@@ -59,6 +59,10 @@ async def _worker(client, rng: random.Random, progress: Progress, args, stop: as
         try:
             await asyncio.wait({task}, timeout=rng.uniform(0, args.max_delay_s) if rng.random() < args.abandon
                                else None)
+            if not task.done() and args.abandon_by == "stop":  # no cancellation: `stop`, then read to the end
+                progress.abandoned += 1
+                await client._stop_on_server(stream.request_id)
+                await asyncio.wait({task})
         finally:
             if not task.done():  # abandoned (or the storm is over): the SDK cancels its call and sends `stop`
                 task.cancel()
@@ -93,9 +97,10 @@ async def _load(grpc_url: str, args, progress: Progress, seed: int) -> bool:
                 wedged = True
                 break
         stop.set()
-        for w in workers:
-            w.cancel()
-        await asyncio.wait(workers, timeout=10)
+        if args.end == "cancel":
+            for w in workers:
+                w.cancel()
+        await asyncio.wait(workers, timeout=10 if args.end == "cancel" else None)
     return wedged
 
 
@@ -138,6 +143,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--abandon", type=float, default=0.5, help="share of streams abandoned mid-flight")
     ap.add_argument("--max-delay-s", type=float, default=0.3)
+    ap.add_argument("--abandon-by", choices=("cancel", "stop"), default="cancel",
+                    help="cancel: the SDK's way (cancel the call, then `stop`); stop: `stop` only, the stream read to "
+                         "its final response, so no gRPC call is ever cancelled")
+    ap.add_argument("--end", choices=("cancel", "finish"), default="cancel",
+                    help="at the end of the load, cancel the streams in flight or let them finish")
     ap.add_argument("--stall-s", type=float, default=30.0, help="no progress this long = wedged")
     ap.add_argument("--budget-s", type=float, default=1800.0, help="seconds of load in all")
     ap.add_argument("--max-wedges", type=int, default=5)
@@ -189,7 +199,8 @@ def main() -> None:
         print(f"run {len(runs)}: {run}", flush=True)
     loaded = sum(r.get("seconds_to_wedge", r.get("seconds_clean", 0)) for r in runs)
     summary = {"layout": args.layout, "no_batcher": args.no_batcher, "concurrency": args.concurrency,
-               "max_tokens": args.max_tokens, "abandon": args.abandon, "stall_s": args.stall_s,
+               "max_tokens": args.max_tokens, "abandon": args.abandon, "abandon_by": args.abandon_by, "end": args.end,
+               "stall_s": args.stall_s,
                "load_seconds": round(loaded, 1), "wedges": wedges,
                "mean_seconds_to_wedge": round(loaded / wedges, 1) if wedges else None,
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs}
