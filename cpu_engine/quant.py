@@ -57,6 +57,11 @@ FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj
 PER_INPUT_CHANNEL = {"smooth"}  # buffers indexed by input channel: shared by a fused group, not concatenated
 
 
+def int4_tiles() -> tuple[int, bool]:
+    """The int4 tile layout of the kernel ATen dispatches to on this CPU (INT4_TILES)."""
+    return INT4_TILES.get(torch.backends.cpu.get_cpu_capability(), INT4_TILES_DEFAULT)
+
+
 def quantisable_linears(model: nn.Module) -> dict[str, nn.Linear]:
     """The decoder layers' projections, by parameter-name prefix."""
     return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear) and name.startswith("layers.")}
@@ -317,7 +322,7 @@ def prepare_for_cpu(model: Transformer, variant: str | None, dtype: torch.dtype,
             int4.append(m)
         elif isinstance(m, SmoothQuantLinear):
             m.fused = native_kernels
-    tiles = INT4_TILES.get(torch.backends.cpu.get_cpu_capability(), INT4_TILES_DEFAULT)
+    tiles = int4_tiles()
     opted = os.environ.get(INT4_CHUNKS_ENV, "").lower() == "bf16"
     unpack = opted and bool(int4) and native_kernels and bf16_supported() and _int4_unpack_matches(int4[0], tiles)
     for m in int4:

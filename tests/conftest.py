@@ -53,6 +53,16 @@ def engine_dir(tiny_checkpoint, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def int4_engine(tiny_checkpoint, tmp_path_factory) -> Path:
+    """The default variant's kind of engine (int4 weights, bf16 compute, int8 head), compiled step included."""
+    from builders.cpu_build import BuildLimits, build_cpu_engine
+
+    return build_cpu_engine(tiny_checkpoint, tmp_path_factory.mktemp("compiled") / "int4_awq", variant="int4_awq",
+                            limits=BuildLimits(max_batch_size=4, max_input_len=192, max_seq_len=256, max_num_tokens=64),
+                            calib_samples=4, compile_step=True)
+
+
+@pytest.fixture(scope="session")
 def test_profile(engine_dir, tiny_checkpoint):
     return stack_profile(engine_dir, tiny_checkpoint)
 

@@ -7,25 +7,13 @@ from __future__ import annotations
 import copy
 import logging
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
-from builders.cpu_build import BuildLimits, build_cpu_engine
 from cpu_engine import compiled_step, load_engine
 from cpu_engine.kv_cache import KVCache
 from tests.test_native_kernels import run_python
-
-LIMITS = BuildLimits(max_batch_size=4, max_input_len=192, max_seq_len=256, max_num_tokens=64)
-
-
-@pytest.fixture(scope="module")
-def int4_engine(tiny_checkpoint, tmp_path_factory) -> Path:
-    """The default variant's kind of engine (int4 weights, bf16 compute, int8 head), compiled step included."""
-    return build_cpu_engine(tiny_checkpoint, tmp_path_factory.mktemp("compiled") / "int4_awq", variant="int4_awq",
-                            limits=LIMITS, calib_samples=4, compile_step=True)
-
 
 def _decode_inputs(loaded, lengths: list[int], block: int = 16):
     """A cache holding prompts of ``lengths`` (prefilled eagerly, each in its own blocks), and the next step's
@@ -53,7 +41,7 @@ def test_engine_build_compiles_the_step_without_its_weights(int4_engine):
     compiled = loaded.model.compiled_decode
     assert compiled is not None and loaded.decode == f"compiled ({compiled.path})"
     assert compiled.path.parent.parent == int4_engine / "compiled"
-    assert compiled.max_rows == LIMITS.max_batch_size + 1  # a full batch and a liveness probe
+    assert compiled.max_rows == loaded.build_config["max_batch_size"] + 1 == 5  # a full batch and a liveness probe
     # No weights in the package: it reads the model's own tensors, in place.
     before = loaded.model.layers[0].mlp.down_proj.scales_zeros.clone()
     loaded.model.layers[0].mlp.down_proj.scales_zeros.zero_()

@@ -139,10 +139,10 @@ def test_int4_unpack_equals_the_int4_kernels_weights(int8_sq_engine, capability,
     code = f"""
         import torch
         from cpu_engine import native
-        from cpu_engine.quant import INT4_TILES, INT4_TILES_DEFAULT, Int4Linear, _int4_unpack_matches
+        from cpu_engine.quant import Int4Linear, _int4_unpack_matches, int4_tiles
         assert native.load({str(int8_sq_engine)!r}) is None
         report = {{"capability": torch.backends.cpu.get_cpu_capability()}}
-        tiles = INT4_TILES.get(report["capability"], INT4_TILES_DEFAULT)
+        tiles = int4_tiles()
         for out_f, in_f, group in ((128, 64, 32), (208, 128, 64), (96, 64, 32), (112, 64, 64), (192, 256, 128)):
             torch.manual_seed(out_f)
             linear = Int4Linear(in_f, out_f, group)

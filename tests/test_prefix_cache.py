@@ -118,18 +118,8 @@ def test_a_cancelled_request_gives_its_blocks_back_and_keeps_its_prefix_cached(e
     assert cached(collector, "d") == 56 and stats.used == 0
 
 
-@pytest.fixture(scope="module")
-def int4_engine_dir(tiny_checkpoint, tmp_path_factory):
-    """The default variant's kind of engine (int4 weights; bf16 compute where the CPU has it), no compiled step."""
-    from builders.cpu_build import BuildLimits, build_cpu_engine
-
-    return build_cpu_engine(tiny_checkpoint, tmp_path_factory.mktemp("prefix") / "int4_awq", variant="int4_awq",
-                            limits=BuildLimits(max_batch_size=4, max_input_len=192, max_seq_len=256,
-                                               max_num_tokens=64), calib_samples=4)
-
-
 @pytest.mark.parametrize("chunks", ["int4", "bf16"])
-def test_a_prompt_gives_the_same_logits_cold_and_after_a_hit_whatever_it_left(int4_engine_dir, chunks, monkeypatch):
+def test_a_prompt_gives_the_same_logits_cold_and_after_a_hit_whatever_it_left(int4_engine, chunks, monkeypatch):
     """A hit leaves 1-8 tokens of the prompt (blocks of 8) where the cold prompt ran them in a 61-72-row step (or, past
     the 64-token budget, in a 1-8-token chunk too): the first token's log-probs must be the same, with int4 prompt
     steps on the int4 kernel (the default) and on bf16 GEMMs (``LLM_CPU_INT4_CHUNKS=bf16``, where the CPU has them).
@@ -139,7 +129,7 @@ def test_a_prompt_gives_the_same_logits_cold_and_after_a_hit_whatever_it_left(in
     row count could change."""
     monkeypatch.setenv(INT4_CHUNKS_ENV, "bf16" if chunks == "bf16" else "")
     collector = Collector()
-    engine = start_engine(int4_engine_dir, collector, tokens_per_block=8, max_num_tokens=64)
+    engine = start_engine(int4_engine, collector, tokens_per_block=8, max_num_tokens=64)
     unpacking = {m.tiles is not None for m in engine.model.modules() if isinstance(m, Int4Linear)}
     assert unpacking == {chunks == "bf16" and bf16_supported()}
     first = {}
@@ -153,7 +143,8 @@ def test_a_prompt_gives_the_same_logits_cold_and_after_a_hit_whatever_it_left(in
     for extra in range(12):
         cold, hit = first["cold", extra], first["hit", extra]
         assert (cold.cached_tokens, hit.cached_tokens) == (0, (60 + extra) // 8 * 8), extra
-        assert hit.token_id == cold.token_id and [t for t, _ in hit.top_logprobs] == [t for t, _ in cold.top_logprobs], extra
+        assert hit.token_id == cold.token_id, extra
+        assert [t for t, _ in hit.top_logprobs] == [t for t, _ in cold.top_logprobs], extra
         assert abs(hit.logprob - cold.logprob) <= 1e-6, (extra, hit.logprob - cold.logprob)
 
 
