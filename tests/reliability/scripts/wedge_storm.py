@@ -56,17 +56,19 @@ async def _worker(client, rng: random.Random, progress: Progress, args, stop: as
                 progress.tick()
 
         task = asyncio.create_task(consume())
+        abandoned = False
         try:
             await asyncio.wait({task}, timeout=rng.uniform(0, args.max_delay_s) if rng.random() < args.abandon
                                else None)
             if not task.done() and args.abandon_by == "stop":  # no cancellation: `stop`, then read to the end
+                abandoned = True
                 progress.abandoned += 1
-                await client._stop_on_server(stream.request_id)
+                await client._stop_on_server(stream.request_id)  # the SDK's own `stop` (no public call for it)
                 await asyncio.wait({task})
         finally:
             if not task.done():  # abandoned (or the storm is over): the SDK cancels its call and sends `stop`
                 task.cancel()
-                progress.abandoned += 1
+                progress.abandoned += not abandoned
                 # Its `stop` sent before this worker ends too, so no call is left open when the client closes.
                 await asyncio.wait({task})
         try:
