@@ -138,7 +138,9 @@ def preprocessing_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
                         PREPROCESSING_OUTPUTS + DETOKENIZE_OUTPUTS,
                         p.preprocessing.instances,
                         {"tokenizer_dir": p.tokenizer_dir, "max_input_len": limits["max_input_len"],
-                         "max_seq_len": limits["max_seq_len"], "vocab_size": limits["vocab_size"]})
+                         "max_seq_len": limits["max_seq_len"], "vocab_size": limits["vocab_size"],
+                         # to refuse at the entry what the llm would (serving/queue_full.py)
+                         "llm_instances": p.llm.instances, "llm_max_queue_size": p.llm.max_queue_size})
     if p.preprocessing.batcher is not None:
         cfg.dynamic_batching.CopyFrom(_batcher(p.preprocessing.batcher))
     return cfg

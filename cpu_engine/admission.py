@@ -3,11 +3,15 @@ when a request arrives — refuse fast when shutting down or when the wait queue
 until it holds a slot. Overload is a quick QueueFullError (→ UNAVAILABLE), never an unbounded queue.
 
 Liveness probes (serving/health.py) are counted apart, outside that bound: an engine whose queue is full still
-answers them. A few may wait at once (a probe of a stuck engine times out and the next one comes)."""
+answers them. A few may wait at once (a probe of a stuck engine times out and the next one comes).
+
+``on_full`` hears each time the queue fills or stops being full, so that a request can be refused before it reaches
+the engine's process (serving/queue_full.py)."""
 
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 
 class QueueFullError(RuntimeError):
@@ -18,12 +22,21 @@ MAX_WAITING_PROBES = 4
 
 
 class Admission:
-    def __init__(self, max_waiting: int):
+    def __init__(self, max_waiting: int, on_full: Callable[[bool], None] | None = None):
         self.max_waiting = max_waiting
         self._waiting = 0  # admitted, not yet holding a slot (any thread reads; the lock guards writes)
         self._probes = 0  # liveness probes admitted, not yet in the probe row
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._on_full = on_full
+        self._full = False
+
+    def _tell(self) -> None:
+        """Under the lock: say when the queue has filled or has room again."""
+        full = self._waiting >= self.max_waiting
+        if full != self._full and self._on_full is not None:
+            self._full = full
+            self._on_full(full)
 
     def admit(self) -> None:
         with self._lock:
@@ -32,6 +45,7 @@ class Admission:
             if self._waiting >= self.max_waiting:
                 raise QueueFullError(f"request queue is full ({self.max_waiting} waiting); retry later")
             self._waiting += 1
+            self._tell()
 
     def admit_probe(self) -> None:
         with self._lock:
@@ -47,6 +61,7 @@ class Admission:
             with self._lock:
                 self._waiting -= count
                 self._probes -= probes
+                self._tell()
 
     def stop(self) -> None:
         self._stopping.set()

@@ -95,7 +95,8 @@ class PrefixCacheStats:
 
 class LLMEngine:
     def __init__(self, model: Transformer, limits: EngineLimits, on_event: Callable[[TokenEvent], None],
-                 token_bytes: list[bytes] | None = None, dtype: torch.dtype = torch.float32):
+                 token_bytes: list[bytes] | None = None, dtype: torch.dtype = torch.float32,
+                 on_queue_full: Callable[[bool], None] | None = None):
         self.model = model.eval()
         self.limits = limits
         # Zeroing the cache and the token counts are parallel ops: off the caller's thread (threads.py; the counts
@@ -110,7 +111,7 @@ class LLMEngine:
         self.on_event = on_event
         self.token_bytes = token_bytes
         self._inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
-        self._admission = Admission(limits.max_queue_size)
+        self._admission = Admission(limits.max_queue_size, on_queue_full)
         self._cancel_all = False  # set when a shutdown drain times out
         self._next_cancel_check = 0.0
         self._kv_used = 0.0  # share of the KV blocks held by running sequences (engine thread writes)

@@ -35,14 +35,15 @@ TOKEN_SOURCES = ("engine", "null")
 class NullSource:
     """Tokens as fast as they are asked for: ``max_batch_size`` requests step together, the rest wait."""
 
-    def __init__(self, limits: EngineLimits, on_event: Callable[[TokenEvent], None], step_s: float = 0.0):
+    def __init__(self, limits: EngineLimits, on_event: Callable[[TokenEvent], None], step_s: float = 0.0,
+                 on_queue_full: Callable[[bool], None] | None = None):
         self.limits = limits
         self.step_s = step_s
         self.on_event = on_event
         self._inbox: queue.SimpleQueue[GenerationRequest | None] = queue.SimpleQueue()
         self._waiting: deque[GenerationRequest] = deque()
         self._running: dict[str, tuple[GenerationRequest, list[int]]] = {}  # id → (request, output so far)
-        self._admission = Admission(limits.max_queue_size)
+        self._admission = Admission(limits.max_queue_size, on_queue_full)
         self._thread = threading.Thread(target=self._run, name="null-tokens", daemon=True)
 
     def start(self) -> "NullSource":

@@ -110,14 +110,15 @@ class ExecutorEngine:
     supports_top_logprobs = False  # the executor returns the chosen tokens' log-probs only
 
     def __init__(self, bindings, engine_dir: str, params: dict[str, str], limits: EngineLimits,
-                 on_event: Callable[[TokenEvent], None], token_bytes: list[bytes]):
+                 on_event: Callable[[TokenEvent], None], token_bytes: list[bytes],
+                 on_queue_full: Callable[[bool], None] | None = None):
         self.trtllm = bindings
         self.limits = limits
         self.on_event = on_event
         self.token_bytes = token_bytes
         self.executor = bindings.Executor(engine_dir, bindings.ModelType.DECODER_ONLY,
                                           executor_config(bindings, params, limits))
-        self._admission = Admission(limits.max_queue_size)
+        self._admission = Admission(limits.max_queue_size, on_queue_full)
         # Banned in JSON-guided requests (bad words of one token each), as the CPU engine masks them (cpu_engine/
         # grammar.py, Grammars): xgrammar lets raw control characters into JSON strings, which strict parsers refuse.
         self._control_tokens = [[token] for token, text in enumerate(token_bytes) if any(b < 0x20 for b in text)]

@@ -11,9 +11,10 @@ A probe must not be starved by the load it guards, so it skips the queues we own
 token, and hands it to the engine as a probe — the CPU engine runs it in a KV row of its own
 (cpu_engine/kv_cache.py), TensorRT-LLM's executor at the highest request priority. Before the ``llm`` it waits its
 turn in Triton's first-come queues (gRPC, preprocessing's): Triton 2.51's request priorities cost its dynamic batcher
-the prefetching that keeps its queues moving (docs/reliability.md, section 8, has the measurement). So on a busy
-server a probe waits for the requests ahead of it to be tokenised, the engine's current step and its own, and on a
-stuck one it always fails.
+the prefetching that keeps its queues moving (docs/reliability.md, section 8, has the measurement). Those queues
+stay short under an overload because preprocessing refuses, without tokenising, what the llm's full queue would
+(serving/queue_full.py). So on a busy server a probe waits for the requests ahead of it to be tokenised or refused,
+the engine's current step and its own, and on a stuck one it always fails.
 
 Served by the launcher on ``--health-port`` (``GET /health/generate``: 200 or 503 with a JSON body), and as
 ``python -m serving health`` (exit code 0 or 1) for exec probes and the image's HEALTHCHECK.

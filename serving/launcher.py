@@ -32,6 +32,7 @@ from typing import NamedTuple
 from serving.drain import DRAIN_FILE_ENV, drain
 from serving.frontdoor_process import FrontDoor
 from serving.health import DEFAULT_DEADLINE_S, HEALTH_PATH, HealthServer
+from serving.queue_full import QUEUE_FULL_FILE_ENV, create_queue_full_file
 from serving.server_log import diagnose
 from serving.triton_install import (PROJECT_ROOT, ServerStartError, TritonInstall, check_project_importable,
                                     find_tritonserver, server_env)
@@ -210,6 +211,7 @@ class TritonServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.stop_requested = False
         self.last_probe = "none yet"  # what the last readiness probe saw (is_ready)
+        self.state_dir: Path | None = None
         self.drain_file: Path | None = None
         self._drain_lock = threading.Lock()
         self._drained = False
@@ -240,8 +242,13 @@ class TritonServer:
             raise ServerStartError(f"model repository {repo} does not exist (build it first)")
         check_ports(self.config)
         cmd, env = self.prepare()
-        if self.config.drain:  # one per server: the models' stubs stat() it before taking a request
-            self.drain_file = Path(tempfile.mkdtemp(prefix="triton-llm-drain-")) / "draining"
+        # One folder per server for what its models' stubs share: the queue-full bytes (serving/queue_full.py) and
+        # the drain file, which they stat() before taking a request.
+        self.state_dir = Path(tempfile.mkdtemp(prefix="triton-llm-"))
+        create_queue_full_file(self.state_dir / "queue-full")
+        env[QUEUE_FULL_FILE_ENV] = str(self.state_dir / "queue-full")
+        if self.config.drain:
+            self.drain_file = self.state_dir / "draining"
             env[DRAIN_FILE_ENV] = str(self.drain_file)
         log_file = Path(self.config.log_file) if self.config.log_file is not None else None
         if log_file is not None:
@@ -369,8 +376,8 @@ class TritonServer:
         self.process.wait()
         if self._echo is not None:
             self._echo.join(timeout=5)
-        if self.drain_file is not None:
-            shutil.rmtree(self.drain_file.parent, ignore_errors=True)
+        if self.state_dir is not None:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
         # Stubs finish tearing down their interpreter a moment after tritonserver exits: wait for that first.
         stubs = {**self._stubs, **stubs_of(self.process.pid)}
         deadline = time.monotonic() + STUB_EXIT_GRACE_SECS

@@ -3,7 +3,8 @@
 A dedicated server with 2 KV slots and an LLM queue of 4, so capacity is small and overload is cheap to
 offer from one Python client. Requests beyond the queue bound must be refused at once with UNAVAILABLE
 ("request queue is full"), accepted ones must complete, the server must not crash and its memory must stay
-bounded (RSS of the process tree from /proc).
+bounded (RSS of the process tree from /proc). While the llm's queue is full, preprocessing refuses at the ensemble's
+entry, before tokenising (serving/queue_full.py): most of the overload never reaches the llm.
 """
 
 from __future__ import annotations
@@ -11,8 +12,15 @@ from __future__ import annotations
 import json
 
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import InferRequestedOutput
 
+from client import GenerationError, LLMClient, SamplingParams
+from serving.health import probe
+from serving.prometheus import fetch, total
+from serving.queue_full import QueueFullFlag
 from tests.reliability import relkit
+from tests.triton_helpers import text_inputs
 
 SLOTS, LLM_QUEUE, MAX_TOKENS = 2, 4, 96
 
@@ -27,16 +35,29 @@ def server(tiny_checkpoint, tmp_path_factory):
     server.stop()
 
 
+def requests_to(metrics_url: str) -> dict[str, float]:
+    """Requests each model of the ensemble has answered, refusals included (Triton's counters)."""
+    samples = fetch(metrics_url)
+    return {model: total(samples, "nv_inference_request_success", model=model)
+            + total(samples, "nv_inference_request_failure", model=model) for model in ("preprocessing", "llm")}
+
+
 def test_ten_times_capacity_is_refused_fast_and_the_rest_completes(server):
+    before = requests_to(server.urls.metrics)
     result = relkit.overload(server, factor=10, duration_s=10, max_tokens=MAX_TOKENS, slots=SLOTS)
+    after = requests_to(server.urls.metrics)
     r = result["report"]
-    print("\noverload:", json.dumps(r))
+    seen = {model: after[model] - before[model] for model in after}
+    print("\noverload:", json.dumps(r), "requests seen by each model:", seen)
     assert r["live_after"]
     assert r.get("n_error", 0) == 0 and r.get("n_timeout", 0) == 0, r["errors"]  # accepted ones complete
     assert r.get("n_rejected", 0) >= r["requests"] * 0.5  # most of the 10x is refused...
     # ...at once, not after waiting for a slot (60 s run, quiet machine: p50 7.5 ms, p99 83 ms; the bounds leave
     # room for a shared 2-core CI box, where the client itself sends ~200 requests/s)
     assert r["reject_p50_ms"] < 100 and r["reject_p99_ms"] < 1000
+    # ...by the ensemble's entry: the llm saw its queue's and slots' worth and what raced the queue-full byte, a
+    # fraction of what preprocessing saw (a plain tritonserver, without the launcher's file, has the llm see all).
+    assert seen["llm"] < 0.5 * seen["preprocessing"], seen
     # ...and the server keeps working at capacity meanwhile: requests waiting in (nearly) every once-a-second sample,
     # and both slots in use. Not "both slots busy in every sample": a slot freed by a finished request is filled at
     # the engine's next step, and a CI run's sample caught that moment twice in 9 (1 active, 4 queued). Its completion
@@ -50,3 +71,24 @@ def test_ten_times_capacity_is_refused_fast_and_the_rest_completes(server):
     assert r["rss_peak_mib"] - r["rss_baseline_mib"] < 200  # memory bounded
     after = relkit.idle(server.urls.metrics, timeout=30)
     assert after.active == 0 and after.queued == 0
+
+
+def test_a_full_llm_queue_is_refused_at_the_entry_while_tokenize_and_probes_still_answer(server):
+    """The llm's byte set by hand (no load: nothing flips it back): what an overload's refusals look like."""
+    flag = QueueFullFlag(str(server.state_dir / "queue-full"))
+    before = requests_to(server.urls.metrics)
+    flag.publish(0, True)
+    try:
+        with LLMClient(server.urls.grpc) as client:
+            with pytest.raises(GenerationError, match="request queue is full"):
+                client.generate("def f(x):", SamplingParams(max_tokens=4))
+        tokenizer = grpcclient.InferenceServerClient(server.urls.grpc)
+        ids = tokenizer.infer("preprocessing", text_inputs("def f(x):", 1), outputs=[InferRequestedOutput("input_ids")])
+        assert ids.as_numpy("input_ids").size > 0  # a direct call asks for one output: it is not bound for the llm
+        assert probe(server.urls.grpc).ok  # a liveness probe passes the entry (and the llm's admission)
+        seen = {model: count - before[model] for model, count in requests_to(server.urls.metrics).items()}
+        assert seen == {"preprocessing": 3, "llm": 1}, seen  # the probe alone reached the llm
+    finally:
+        flag.publish(0, False)
+    with LLMClient(server.urls.grpc) as client:
+        assert client.generate("def f(x):", SamplingParams(max_tokens=4)).text

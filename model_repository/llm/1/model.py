@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import triton_python_backend_utils as pb_utils
@@ -27,6 +28,7 @@ from serving.drain import LLM_GRACE_S, DrainGate
 from serving.early_stops import TTL_S, EarlyStops
 from serving.health import is_probe
 from serving.llm_metrics import LLMMetrics
+from serving.queue_full import QueueFullFlag, instance_index
 from serving.guides import GuideCompiler
 from serving.request_params import (CONTROL_INPUTS, check_embedding_bias, check_lengths, check_min_tokens,
                                     resolve_controls, resolve_end_id, resolve_sampling)
@@ -66,6 +68,9 @@ class TritonPythonModel:
         self.trt_metrics = None
         self.gate = DrainGate()
         self._events: queue.SimpleQueue = queue.SimpleQueue()
+        # While this instance's queue is full, the ensemble's entry refuses new requests (serving/queue_full.py).
+        flag = QueueFullFlag()
+        self._on_queue_full = partial(flag.publish, instance_index(args["model_instance_name"])) if flag.shared else None
         if params.get("executor_bindings"):
             self.engine, build, self.vocab_size = self._open_executor(args, params)
         else:
@@ -92,12 +97,13 @@ class TritonPythonModel:
 
             config = read_config(params["engine_dir"])
             limits = self._limits(config["build_config"], params)
-            engine = NullSource(limits, self._events.put, float(params.get("null_step_ms", "0")) / 1e3).start()
+            engine = NullSource(limits, self._events.put, float(params.get("null_step_ms", "0")) / 1e3,
+                                self._on_queue_full).start()
             return engine, config["build_config"], config["pretrained_config"]["vocab_size"]
         loaded = load_engine(params["engine_dir"])
         limits = self._limits(loaded.build_config, params)
         engine = LLMEngine(loaded.model, limits, on_event=self._events.put, token_bytes=self.table,
-                           dtype=loaded.compute_dtype).start()
+                           dtype=loaded.compute_dtype, on_queue_full=self._on_queue_full).start()
         pb_utils.Logger.log_info(f"CPU engine loaded from {params['engine_dir']} in {loaded.load_seconds:.2f}s "
                                  f"({loaded.compute_dtype}, {threads} threads, {limits}; decode step "
                                  f"{loaded.decode}; C++ kernels {loaded.kernels})")
@@ -116,7 +122,7 @@ class TritonPythonModel:
         config = read_config(params["engine_dir"])
         build = config["build_config"]
         engine = ExecutorEngine(bindings, params["engine_dir"], params, self._limits(build, params),
-                                self._events.put, self.table).start()
+                                self._events.put, self.table, self._on_queue_full).start()
         # What the C++ backend exports (nv_trt_llm_*), from the executor's own iteration stats: the chart's GPU
         # queries read these.
         self.trt_metrics = TrtLlmMetrics(args["model_name"], args["model_version"], engine.iteration_stats)

@@ -1,5 +1,7 @@
 """Triton preprocessing: text or chat messages → token ids, request defaults and validation (INVALID_ARG on bad
-input). Chat messages go through serving.chat: the template's markers become control tokens, content stays text."""
+input). Chat messages go through serving.chat: the template's markers become control tokens, content stays text.
+The ensemble's entry: while draining, and while the llm's queue is full (serving/queue_full.py), it refuses new
+requests before tokenising them."""
 
 import secrets
 
@@ -11,6 +13,7 @@ from serving.drain import PREPROCESSING_GRACE_S, DrainGate
 from serving.health import is_probe
 from serving.request_params import (CONTROL_INPUTS, check_lengths, check_min_tokens, embedding_bias, resolve_controls,
                                     resolve_sampling)
+from serving.queue_full import QueueFullFlag, entry_refusal
 from serving.stub_python import check_stub
 from serving.text import to_word_list
 from serving.tokenizer import Tokenizer
@@ -41,6 +44,11 @@ def _string(request, name: str) -> str | None:
         raise RequestError(f"{name} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
+def _bound_for_llm(request) -> bool:
+    """An ensemble step asks for the llm's inputs; the front door's /tokenize and /detokenize ask for one output."""
+    return "request_output_len" in request.requested_output_names()
+
+
 def _element(value) -> tuple[object, type]:
     """A control's value and its tensor dtype (bool before int: a bool is an int in Python)."""
     if isinstance(value, bool):
@@ -66,13 +74,22 @@ class TritonPythonModel:
         self.end_id = default_end_id(self.chat, params["tokenizer_dir"])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.end_id
         self.gate = DrainGate()
+        self.llm_queue_full = QueueFullFlag()
+        self.llm_instances = int(params.get("llm_instances", "1"))
+        self.queue_full_message = entry_refusal(int(params.get("llm_max_queue_size", "0")))
 
     def execute(self, requests):
         draining = self.gate.closed_for(PREPROCESSING_GRACE_S)  # the ensemble's entry: nothing new while draining
+        llm_full = self.llm_queue_full.all_full(self.llm_instances)
         responses = []
         for request in requests:
             if draining and not is_probe(request.request_id()):  # a liveness probe answers while draining too
                 responses.append(shutting_down_response())
+                continue
+            # The llm would refuse it: say so now, at a fraction of the cost (a probe is never refused there).
+            if llm_full and not is_probe(request.request_id()) and _bound_for_llm(request):
+                responses.append(error_response(RequestError(self.queue_full_message),
+                                                pb_utils.TritonError.UNAVAILABLE))
                 continue
             try:
                 ids = single_row(request, "token_ids")
