@@ -3,6 +3,11 @@
 Each request opens its own gRPC stream (the ensemble is decoupled, so unary ModelInfer is refused), so
 one ``AsyncLLMClient`` can run many requests concurrently on its event loop. Create and use it inside
 one running event loop.
+
+A stream the caller leaves early (``break``, a closed stream, a cancelled task) is never cancelled mid-call: a call
+cancelled mid-stream can leave Triton 2.51 holding the model, so SIGTERM waits out its exit timeout and exits 1
+(docs/reliability.md, cause D). The request gets TensorRT-LLM's ``stop`` instead, and its call is read to the end in
+the background; ``close()`` waits for that.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from client.core import (Chunk, Completion, GenerationError, Health, Message, Re
 
 # After the final response the server closes the call at once; this only bounds a server that does not.
 CALL_END_TIMEOUT_S = 5.0
+# An abandoned call, its `stop` sent, is read to its final response (a step or two); cancelled only past this.
+ABANDONED_END_TIMEOUT_S = 10.0
+_END = object()  # what a call's reader queues after its last item
 
 
 class AsyncTextStream(AsyncIterator[str]):
@@ -87,6 +95,8 @@ class AsyncLLMClient:
         self.stop_model = stop_model
         self._timeout = timeout
         self._grpc = grpcclient_aio.InferenceServerClient(url)
+        # Each call's reader, and each abandoned call's ending (`stop`, then read to its end): close() waits for them.
+        self._background: set[asyncio.Task] = set()
 
     async def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
         """Generate the whole completion in one response (``stream=false``); one sequence (``n`` > 1:
@@ -147,7 +157,15 @@ class AsyncLLMClient:
             raise to_error(exc, self.url) from None
 
     async def close(self) -> None:
+        if self._background:
+            await asyncio.wait(self._background, timeout=ABANDONED_END_TIMEOUT_S + CALL_END_TIMEOUT_S)
         await self._grpc.close()
+
+    def _in_background(self, coroutine) -> asyncio.Task:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def __aenter__(self) -> AsyncLLMClient:
         return self
@@ -185,29 +203,55 @@ class AsyncLLMClient:
 
         collector.mark_sent()
         responses = self._grpc.stream_infer(one_request(), stream_timeout=self._timeout)
+        # A task of the client's own reads the call: grpcio cancels a call when the task awaiting its next response is
+        # cancelled, and a call cancelled mid-stream can leave Triton 2.51 holding the model (docs/reliability.md,
+        # cause D). The caller's cancellation lands on the queue instead; the call is then stopped and read to its end.
+        received: asyncio.Queue = asyncio.Queue()
+        reader = self._in_background(_read_into(responses, received))
         finished = False
         try:
-            async for result, error in responses:
-                if error is not None:  # an error ends the request on the server: nothing to cancel or stop
+            while (item := await received.get()) is not _END:
+                if isinstance(item, grpc.RpcError):  # transport failures are raised, not returned as (None, error)
+                    raise to_error(item, self.url) from None
+                result, error = item
+                if error is not None:  # an error ends the request on the server: nothing to stop
                     finished = True
-                    await _read_to_end(responses)
                     raise to_error(error, self.url)
                 finished = is_final(result)  # set before yielding: the caller may stop right after
                 chunk = collector.add(result)
-                if finished:  # before the last chunk reaches the caller, who may close the channel next
-                    await _read_to_end(responses)
                 if chunk is not None:
                     yield chunk
                 if finished:
                     return
-        except grpc.RpcError as exc:  # transport failures are raised, not returned as (None, error)
-            raise to_error(exc, self.url) from None
         finally:
-            # Anything short of a final response or an error (caller stopped early, transport failure) cancels.
+            # Anything short of a final response or an error (caller stopped early, transport failure) is stopped.
             if not finished:
-                responses.cancel()
-                await self._stop_on_server(collector.request_id)
+                self._in_background(self._end_abandoned(responses, reader, collector.request_id))
         raise GenerationError("the server closed the stream before sending a final response")
+
+    async def _end_abandoned(self, responses, reader: asyncio.Task, request_id: str) -> None:
+        """`stop` to the LLM model, then the call read to its final response; cancelled only if it does not end."""
+        try:
+            await self._stop_on_server(request_id)
+            await asyncio.wait({reader}, timeout=ABANDONED_END_TIMEOUT_S if self.stop_model else 0)
+        finally:
+            if not reader.done():
+                responses.cancel()
+                reader.cancel()
+
+
+async def _read_into(responses, received: asyncio.Queue) -> None:
+    """Every item of the call, then ``_END``; a transport error as the last item; bounded after the final response."""
+    try:
+        async for result, error in responses:
+            received.put_nowait((result, error))
+            if error is not None or is_final(result):
+                await _read_to_end(responses)
+                break
+    except grpc.RpcError as exc:
+        received.put_nowait(exc)
+    finally:
+        received.put_nowait(_END)
 
 
 async def _read_to_end(responses) -> None:

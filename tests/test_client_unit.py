@@ -14,6 +14,7 @@ from tritonclient.utils import InferenceServerException, deserialize_bytes_tenso
 
 from client import (AsyncLLMClient, Completion, GenerationError, Guide, LLMClient, SamplingParams,
                     ServerUnavailableError, Timings)
+from client import aio
 from client.__main__ import build_parser, completion_json, main, sampling_params, summary
 from client.core import ResponseCollector, build_chat_inputs, build_inputs, is_final, to_error
 
@@ -441,11 +442,15 @@ class FakeAioCall:
 def fake_aio_client(script) -> tuple[AsyncLLMClient, list[FakeAioCall]]:
     llm = AsyncLLMClient.__new__(AsyncLLMClient)  # no channel: nothing here touches the network
     llm.url, llm.model, llm._timeout, llm.stop_model, calls = "fake:1", "ensemble", None, "llm", []
+    llm._background = set()
 
     class Grpc:
         def stream_infer(self, requests, stream_timeout=None):
             calls.append(FakeAioCall(requests, script))
             return calls[-1]
+
+        async def close(self):
+            pass
 
     llm._grpc = Grpc()
     return llm, calls
@@ -481,16 +486,20 @@ def test_async_chat_and_stream_chat():
     assert [s["stream"][2][0, 0] for s in sent] == [False, True]
 
 
-def test_async_early_close_cancels_and_errors_raise():
+def test_async_early_close_stops_the_request_and_reads_its_call_to_the_end():
+    """Never a mid-stream cancel (docs/reliability.md, cause D): `stop` to the llm under the request's id, and the
+    call read to its final response by the client's own task, which close() waits for."""
     async def run():
         llm, calls = fake_aio_client(STREAM_SCRIPT)
         async with llm.stream("p") as stream:
             await stream.__anext__()
-        stop_request = [r async for r in calls[-1].requests]
+        await llm.close()
+        stop_request = [r async for r in calls[1].requests]
         assert stop_request[0]["model_name"] == "llm" and stop_request[0]["request_id"] == stream.request_id
         failing, failed_calls = fake_aio_client([(None, InferenceServerException(msg="bad prompt")), (None, None)])
         with pytest.raises(GenerationError, match="bad prompt"):
             await failing.generate("p")
+        await failing.close()
         # A server error ends the request: the call is read to its end, not cancelled, and no `stop` is sent.
         assert len(failed_calls) == 1 and not failed_calls[0].cancelled and failed_calls[0].read_to_end
         cut, _ = fake_aio_client(STREAM_SCRIPT[:1])
@@ -498,7 +507,37 @@ def test_async_early_close_cancels_and_errors_raise():
             await cut.generate("p")
         return calls
 
-    assert asyncio.run(run())[0].cancelled
+    abandoned = asyncio.run(run())[0]
+    assert not abandoned.cancelled and abandoned.read_to_end
+
+
+class SilentAioCall(FakeAioCall):
+    """A call whose server never answers again after its first response."""
+
+    async def __anext__(self):
+        if self.script:
+            return self.script.pop(0)
+        await asyncio.Event().wait()
+
+
+def test_an_abandoned_call_that_does_not_end_is_cancelled_after_the_timeout(monkeypatch):
+    monkeypatch.setattr(aio, "ABANDONED_END_TIMEOUT_S", 0.05)
+
+    async def run():
+        llm, calls = fake_aio_client([])
+
+        def stream_infer(requests, stream_timeout=None):  # the generation goes silent; its `stop` is answered
+            calls.append(SilentAioCall(requests, STREAM_SCRIPT[:1]) if not calls else FakeAioCall(requests, []))
+            return calls[-1]
+
+        llm._grpc.stream_infer = stream_infer
+        async with llm.stream("p") as stream:
+            await stream.__anext__()
+        await llm.close()
+        return calls
+
+    calls = asyncio.run(run())
+    assert calls[0].cancelled and len(calls) == 2  # stopped first, then cancelled
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

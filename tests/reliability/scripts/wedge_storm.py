@@ -2,8 +2,8 @@
 stops making progress, with a watchdog that detects the stall and dumps every Python-backend stub's threads.
 
 ``--concurrency`` SDK streams run without pause; each asks for ``--max-tokens`` tokens and, with probability
-``--abandon``, is abandoned after a random delay in [0, ``--max-delay-s``] (the SDK cancels its gRPC call and sends
-``stop`` to ``llm``), else read to its end. Progress is any streamed chunk or finished request. When nothing
+``--abandon``, is abandoned after a random delay in [0, ``--max-delay-s``] (the task reading it is cancelled: the SDK
+sends ``stop`` to ``llm`` and reads its call to the end), else read to its end. Progress is any streamed chunk or finished request. When nothing
 progresses for ``--stall-s`` seconds the server counts as wedged: gdb prints every stub's threads to
 ``<workdir>/wedge-N/``, the server is killed and a fresh one starts, until ``--budget-s`` of load has run. The mean
 time to wedge is the load time divided by the wedges seen (each server's time counts, also the last one's, which
@@ -66,7 +66,7 @@ async def _worker(client, rng: random.Random, progress: Progress, args, stop: as
                 await client._stop_on_server(stream.request_id)  # the SDK's own `stop` (no public call for it)
                 await asyncio.wait({task})
         finally:
-            if not task.done():  # abandoned (or the storm is over): the SDK cancels its call and sends `stop`
+            if not task.done():  # abandoned (or the storm is over): the SDK sends `stop` and reads its call to the end
                 task.cancel()
                 progress.abandoned += not abandoned
                 # Its `stop` sent before this worker ends too, so no call is left open when the client closes.
@@ -146,8 +146,8 @@ def main() -> None:
     ap.add_argument("--abandon", type=float, default=0.5, help="share of streams abandoned mid-flight")
     ap.add_argument("--max-delay-s", type=float, default=0.3)
     ap.add_argument("--abandon-by", choices=("cancel", "stop"), default="cancel",
-                    help="cancel: the SDK's way (cancel the call, then `stop`); stop: `stop` only, the stream read to "
-                         "its final response, so no gRPC call is ever cancelled")
+                    help="cancel: cancel the task reading the stream (the SDK then stops the request and reads its call "
+                         "to the end); stop: send `stop` and read the stream to its final response")
     ap.add_argument("--end", choices=("cancel", "finish"), default="cancel",
                     help="at the end of the load, cancel the streams in flight or let them finish")
     ap.add_argument("--stall-s", type=float, default=30.0, help="no progress this long = wedged")
