@@ -71,6 +71,8 @@ class TritonPythonModel:
         # While this instance's queue is full, the ensemble's entry refuses new requests (serving/queue_full.py).
         flag = QueueFullFlag()
         self._on_queue_full = partial(flag.publish, instance_index(args["model_instance_name"])) if flag.shared else None
+        if self._on_queue_full is not None:  # a stub restarted by Triton must not inherit its predecessor's "full"
+            self._on_queue_full(False)
         if params.get("executor_bindings"):
             self.engine, build, self.vocab_size = self._open_executor(args, params)
         else:
