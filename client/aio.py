@@ -4,10 +4,12 @@ Each request opens its own gRPC stream (the ensemble is decoupled, so unary Mode
 one ``AsyncLLMClient`` can run many requests concurrently on its event loop. Create and use it inside
 one running event loop.
 
-A stream the caller leaves early (``break``, a closed stream, a cancelled task) is never cancelled mid-call: a call
+A stream the caller leaves early (``break``, a closed stream, a cancelled task) is not cancelled mid-call: a call
 cancelled mid-stream can leave Triton 2.51 holding the model, so SIGTERM waits out its exit timeout and exits 1
 (docs/reliability.md, cause D). The request gets TensorRT-LLM's ``stop`` instead, and its call is read to the end in
-the background; ``close()`` waits for that.
+the background (cancelled only if it has not ended ``ABANDONED_END_TIMEOUT_S`` later, or at once without a
+``stop_model``). ``close()`` (or leaving ``async with``) waits for that: an event loop closed without it cancels
+the calls still open.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class AsyncTextStream(AsyncIterator[str]):
 
     Iterating gives text only, for one sequence; ``chunks()`` gives ``Chunk``s instead (see ``client.TextStream``).
     The request is sent when iteration starts. Closing the stream early (``aclose()``, leaving an ``async with``
-    block) cancels the gRPC call so the server frees the request's slot.
+    block) stops the request on the server, which frees its slot (module docstring).
     """
 
     def __init__(self, chunks: AsyncGenerator[Chunk, None], collector: ResponseCollector, sequences: int):
@@ -97,6 +99,7 @@ class AsyncLLMClient:
         self._grpc = grpcclient_aio.InferenceServerClient(url)
         # Each call's reader, and each abandoned call's ending (`stop`, then read to its end): close() waits for them.
         self._background: set[asyncio.Task] = set()
+        self._closed = False
 
     async def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
         """Generate the whole completion in one response (``stream=false``); one sequence (``n`` > 1:
@@ -156,9 +159,12 @@ class AsyncLLMClient:
         except InferenceServerException as exc:
             raise to_error(exc, self.url) from None
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = ABANDONED_END_TIMEOUT_S + CALL_END_TIMEOUT_S) -> None:
+        """Wait up to ``timeout_s`` for the calls still being read (abandoned ones included), then close the
+        channel, which ends any left."""
         if self._background:
-            await asyncio.wait(self._background, timeout=ABANDONED_END_TIMEOUT_S + CALL_END_TIMEOUT_S)
+            await asyncio.wait(self._background, timeout=timeout_s)
+        self._closed = True
         await self._grpc.close()
 
     def _in_background(self, coroutine) -> asyncio.Task:
@@ -232,8 +238,11 @@ class AsyncLLMClient:
     async def _end_abandoned(self, responses, reader: asyncio.Task, request_id: str) -> None:
         """`stop` to the LLM model, then the call read to its final response; cancelled only if it does not end."""
         try:
-            await self._stop_on_server(request_id)
-            await asyncio.wait({reader}, timeout=ABANDONED_END_TIMEOUT_S if self.stop_model else 0)
+            if not self._closed:  # else the channel is closed, which ended the call
+                await self._stop_on_server(request_id)
+                await asyncio.wait({reader}, timeout=ABANDONED_END_TIMEOUT_S if self.stop_model else 0)
+        except Exception:  # noqa: BLE001 - best effort, as the stop itself: the call is cancelled below
+            pass
         finally:
             if not reader.done():
                 responses.cancel()

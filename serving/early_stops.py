@@ -1,7 +1,7 @@
 """Stops that arrive before their request, remembered so that the request ends as it arrives.
 
-The client SDK abandons a request by cancelling its ensemble call and sending TensorRT-LLM's ``stop`` straight to
-the ``llm`` model under the same request id. The request itself travels through the ensemble's preprocessing step
+The client SDK abandons a request by sending TensorRT-LLM's ``stop`` straight to the ``llm`` model under the same
+request id (the synchronous SDK cancels its ensemble call first; the asyncio one reads it to its end). The request itself travels through the ensemble's preprocessing step
 first, and Triton 2.51 cancels an ensemble only between steps: a request whose preprocessing has finished still
 reaches ``llm``, and its stop can get there first. Forgotten, that stop is lost and the abandoned request holds a
 slot until max_tokens. Both ``llm`` models (the CPU layout's and the GPU layout's wrapper) keep such a stop for

@@ -34,25 +34,28 @@ def entry_refusal(max_queue_size: int) -> str:
     return f"request queue is full: the llm's {max_queue_size} waiting places are taken; retry later"
 
 
-def instance_index(instance_name: str) -> int:
+def instance_index(instance_name: str) -> int | None:
     """Triton names a model's instances ``<model>_<group>_<index>`` (``llm_0_0``); the index is the instance's
-    byte. Instances of later groups share their index's byte, which only makes the entry refuse less."""
-    index = int(instance_name.rsplit("_", 1)[-1])
-    if not 0 <= index < MAX_INSTANCES:
-        raise ValueError(f"instance {instance_name!r}: at most {MAX_INSTANCES} llm instances share the queue-full file")
-    return index
+    byte. Instances of later groups share their index's byte, which only makes the entry refuse less. None (the
+    instance publishes nothing, so the entry never refuses for it) past ``MAX_INSTANCES`` or for another name."""
+    tail = instance_name.rsplit("_", 1)[-1]
+    return int(tail) if tail.isdigit() and int(tail) < MAX_INSTANCES else None
 
 
 class QueueFullFlag:
     def __init__(self, path: str | None = None):
         path = path if path is not None else os.environ.get(QUEUE_FULL_FILE_ENV) or None
         self._map: mmap.mmap | None = None
+        self.problem = ""  # why a file was named and is not used: only the llm refuses then
         if path is not None:
-            fd = os.open(path, os.O_RDWR)
             try:
-                self._map = mmap.mmap(fd, MAX_INSTANCES)
-            finally:
-                os.close(fd)
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    self._map = mmap.mmap(fd, MAX_INSTANCES)
+                finally:
+                    os.close(fd)
+            except (OSError, ValueError) as exc:
+                self.problem = f"no queue-full file ({exc}): the llm alone refuses an overload"
 
     @property
     def shared(self) -> bool:
@@ -65,4 +68,4 @@ class QueueFullFlag:
 
     def all_full(self, instances: int) -> bool:
         """Every one of the llm's ``instances`` has a full queue: a new request would only be refused there."""
-        return self._map is not None and all(self._map[:instances])
+        return self._map is not None and instances <= MAX_INSTANCES and all(self._map[:instances])

@@ -442,7 +442,7 @@ class FakeAioCall:
 def fake_aio_client(script) -> tuple[AsyncLLMClient, list[FakeAioCall]]:
     llm = AsyncLLMClient.__new__(AsyncLLMClient)  # no channel: nothing here touches the network
     llm.url, llm.model, llm._timeout, llm.stop_model, calls = "fake:1", "ensemble", None, "llm", []
-    llm._background = set()
+    llm._background, llm._closed = set(), False
 
     class Grpc:
         def stream_infer(self, requests, stream_timeout=None):

@@ -62,7 +62,12 @@ def test_without_the_launchers_file_nothing_is_refused_at_the_entry(monkeypatch)
     assert not flag.shared and not flag.all_full(1)
 
 
-def test_instance_names_give_their_byte():
+def test_instance_names_give_their_byte_and_the_rest_none():
     assert instance_index("llm_0_0") == 0 and instance_index("my_llm_1_3") == 3
-    with pytest.raises(ValueError, match=f"at most {MAX_INSTANCES}"):
-        instance_index(f"llm_0_{MAX_INSTANCES}")
+    assert instance_index(f"llm_0_{MAX_INSTANCES}") is None and instance_index("llm") is None
+
+
+def test_a_missing_file_turns_the_entry_refusal_off_and_says_why(tmp_path):
+    flag = QueueFullFlag(str(tmp_path / "gone"))
+    flag.publish(0, True)
+    assert not flag.shared and not flag.all_full(1) and "the llm alone refuses" in flag.problem

@@ -96,7 +96,9 @@ class Backend:
         return result.as_numpy("detokenized_text").reshape(-1)[0].decode("utf-8")
 
     async def close(self) -> None:
-        await self.client.close()
+        # The server's stop() has already given its requests 5 s to end: a short wait here keeps the front door's
+        # exit inside the launcher's kill timer (serving/frontdoor_process.py).
+        await self.client.close(timeout_s=2.0)
         await self._meta.close()
 
 

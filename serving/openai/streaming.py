@@ -3,8 +3,9 @@
 Why a task of its own: Starlette cancels a streaming response through an anyio cancel scope, which cancels
 again at every ``await`` inside it, so a generator's cleanup there could not send the llm its ``stop`` or read
 the gRPC call to its end. The request runs in a plain asyncio task instead; abandoning it is ``task.cancel()``
-(synchronous), and the client's own cleanup (client/aio.py: cancel the call, send ``stop``, read every call to its
-end — an abandoned call stalls Triton 2.51's shutdown, docs/reliability.md B5) runs to completion in that task.
+(synchronous), and the client's own cleanup (client/aio.py: send ``stop``, read the call to its end in the
+background rather than cancel it — a call cancelled mid-stream or dropped stalls Triton 2.51's shutdown,
+docs/reliability.md B5 and cause D) starts in that task.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ entry, before tokenising (serving/queue_full.py): most of the overload never rea
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import tritonclient.grpc as grpcclient
@@ -23,6 +24,7 @@ from tests.reliability import relkit
 from tests.triton_helpers import text_inputs
 
 SLOTS, LLM_QUEUE, MAX_TOKENS = 2, 4, 96
+PREPROCESSING_INSTANCES = 1  # tests/stack.py's profile
 
 
 @pytest.fixture(scope="module")
@@ -79,15 +81,25 @@ def test_a_full_llm_queue_is_refused_at_the_entry_while_tokenize_and_probes_stil
     before = requests_to(server.urls.metrics)
     flag.publish(0, True)
     try:
+        outcomes, started = [], time.monotonic()
         with LLMClient(server.urls.grpc) as client:
-            with pytest.raises(GenerationError, match="request queue is full"):
-                client.generate("def f(x):", SamplingParams(max_tokens=4))
+            for _ in range(8):
+                try:
+                    outcomes.append(client.generate("def f(x):", SamplingParams(max_tokens=4)).text)
+                except GenerationError as exc:
+                    outcomes.append(str(exc))
+        # Each preprocessing instance lets one request a second through to the llm (a byte left by a dead stub must
+        # not refuse everything); this idle llm serves those. The rest are refused at the entry.
+        refused = [o for o in outcomes if "request queue is full" in o]
+        seconds = time.monotonic() - started
+        assert len(refused) >= len(outcomes) - PREPROCESSING_INSTANCES * (int(seconds) + 1), (seconds, outcomes)
         tokenizer = grpcclient.InferenceServerClient(server.urls.grpc)
         ids = tokenizer.infer("preprocessing", text_inputs("def f(x):", 1), outputs=[InferRequestedOutput("input_ids")])
         assert ids.as_numpy("input_ids").size > 0  # a direct call asks for one output: it is not bound for the llm
         assert probe(server.urls.grpc).ok  # a liveness probe passes the entry (and the llm's admission)
         seen = {model: count - before[model] for model, count in requests_to(server.urls.metrics).items()}
-        assert seen == {"preprocessing": 3, "llm": 1}, seen  # the probe alone reached the llm
+        let_through = len(outcomes) - len(refused)
+        assert seen == {"preprocessing": len(outcomes) + 2, "llm": let_through + 1}, seen
     finally:
         flag.publish(0, False)
     with LLMClient(server.urls.grpc) as client:

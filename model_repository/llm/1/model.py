@@ -70,7 +70,10 @@ class TritonPythonModel:
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         # While this instance's queue is full, the ensemble's entry refuses new requests (serving/queue_full.py).
         flag = QueueFullFlag()
-        self._on_queue_full = partial(flag.publish, instance_index(args["model_instance_name"])) if flag.shared else None
+        if flag.problem:
+            pb_utils.Logger.log_warn(flag.problem)
+        index = instance_index(args["model_instance_name"])
+        self._on_queue_full = partial(flag.publish, index) if flag.shared and index is not None else None
         if self._on_queue_full is not None:  # a stub restarted by Triton must not inherit its predecessor's "full"
             self._on_queue_full(False)
         if params.get("executor_bindings"):
@@ -339,6 +342,8 @@ class TritonPythonModel:
     def finalize(self):
         # Drain: requests already accepted finish (up to the timeout) before the process exits.
         self.engine.shutdown(timeout=self.drain_timeout_s)
+        if self._on_queue_full is not None:  # unloaded, it holds nothing
+            self._on_queue_full(False)
         self._events.put(None)
         self._sender.join(timeout=5)
         if self.trt_metrics is not None:
