@@ -64,7 +64,7 @@ ENSEMBLE_OUTPUTS = (
     _t("num_cached_tokens", "INT32"),
     # TensorRT-LLM's log-prob outputs ([beam, tokens] and [beam]; beam width 1) and sequence_index; the token bytes
     # and the top alternatives are ours. Each covers the generated tokens whose text this response carries
-    # (serving/sequence_output.py); empty when not asked for.
+    # (serving/sequence_output.py); left out of the responses of a request that asked for no log-probs.
     _t("output_log_probs", "FP32", (-1, -1)), _t("cum_log_probs", "FP32", (-1,)),
     _t("output_token_bytes", "STRING", (-1,)), _t("top_logprob_bytes", "STRING", (-1, -1)),
     _t("top_logprob_values", "FP32", (-1, -1)), _t("sequence_index", "INT32"),

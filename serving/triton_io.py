@@ -59,11 +59,18 @@ def shutting_down_response() -> "pb_utils.InferenceResponse":
                                       error=pb_utils.TritonError(SHUTTING_DOWN, pb_utils.TritonError.UNAVAILABLE))
 
 
+# Sent only to a request that asked for log-probs, as tensorrtllm_backend sends them only when its executor returned
+# some: otherwise five empty tensors on every response were built here, copied through Triton and parsed by the client.
+LOGPROB_OUTPUTS = frozenset({"output_log_probs", "cum_log_probs", "output_token_bytes", "top_logprob_bytes",
+                             "top_logprob_values"})
+
+
 def llm_response(table: list[bytes], chunk: Chunk, outputs: Collection[str]) -> "pb_utils.InferenceResponse":
     """One response of the ``llm`` model (CPU engine and GPU wrapper alike): TensorRT-LLM's ``output_ids`` and
     ``sequence_length``, the text of those ids, the finish reason, the token counts, the log-probs of the
     generated tokens it carries with their bytes and alternatives, and ``sequence_index`` — only the ``outputs``
-    the request asked for (the ensemble asks for all but the ids).
+    the request asked for (the ensemble asks for all but the ids; the model leaves out ``LOGPROB_OUTPUTS`` when
+    the request asked for no log-probs).
 
     The text is made here, by the one thread that answers the request in order, and not by a
     postprocessing model after it: Triton runs the responses of one stream on several postprocessing

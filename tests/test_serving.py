@@ -99,16 +99,23 @@ def test_greedy_tokens_equal_hugging_face(triton, hf, prompt):
 
 
 def test_llm_sends_only_the_outputs_a_request_asks_for(triton, hf):
-    """The contract the ensemble relies on: only the requested outputs arrive, all of them when none is named.
+    """The contract the ensemble relies on: only the requested outputs arrive, all of them when none is named, the
+    log-prob outputs only to a request that asked for log-probs (as tensorrtllm_backend).
     (The llm must also *build* only those: Triton 2.51 corrupted its heap under load when a decoupled Python
     model's responses carried unrequested outputs, docs/reliability.md B9; the soak test is what catches that.)"""
     tokenizer, _ = hf
     ids = tokenizer("def f(x):").input_ids
     inputs = [make_input("input_ids", [ids], np.int32), make_input("input_lengths", [[len(ids)]], np.int32),
               make_input("request_output_len", [[6]], np.int32)]
+    logprobs = {"output_log_probs", "cum_log_probs", "output_token_bytes", "top_logprob_bytes", "top_logprob_values"}
+    with_logprobs, error = stream_request(triton.urls.grpc, "llm",
+                                          inputs + [make_input("return_log_probs", [[True]], bool)])
+    assert error is None, error
+    assert set(with_logprobs[0]) == {t.name for t in tc.LLM_OUTPUTS}
     everything, error = stream_request(triton.urls.grpc, "llm", inputs)
     assert error is None, error
-    assert set(everything[0]) == {t.name for t in tc.LLM_OUTPUTS}
+    assert set(everything[0]) == {t.name for t in tc.LLM_OUTPUTS} - logprobs
+    assert everything[0]["output_ids"].tolist() == with_logprobs[0]["output_ids"].tolist()
     only_ids, error = stream_request(triton.urls.grpc, "llm", inputs, outputs=["output_ids"])
     assert error is None, error
     assert set(only_ids[0]) == {"output_ids"}

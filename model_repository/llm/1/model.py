@@ -5,8 +5,9 @@ The engine is the CPU engine (cpu_engine; the CPU layout) or TensorRT-LLM's exec
 Both report cpu_engine ``TokenEvent``s, so everything here — text, finish reasons, ``stop``, drain, metrics, liveness
 probes — is one code path for both.
 
-Decoupled, vllm_backend style: ``execute()`` only validates and enqueues; the engine's own threads run steps and a
-sender thread turns token events into responses, so neither waits on the other. No BLS: nothing here can wait on
+Decoupled, vllm_backend style: ``execute()`` only validates and enqueues; the engine's own threads run steps, a
+sender thread turns token events into responses, and a watch thread asks Triton which requests their clients
+cancelled (serving/cancel_watch.py), so none of them waits on another. No BLS: nothing here can wait on
 another model (docs/gpu.md says why that matters).
 """
 
@@ -24,6 +25,7 @@ import triton_python_backend_utils as pb_utils
 
 from cpu_engine import (EngineLimits, FinishReason, GenerationRequest, LLMEngine, QueueFullError, SamplingParams,
                         TokenEvent, load_engine, read_config)
+from serving.cancel_watch import CancelWatch
 from serving.drain import LLM_GRACE_S, DrainGate
 from serving.early_stops import TTL_S, EarlyStops
 from serving.health import is_probe
@@ -35,8 +37,8 @@ from serving.request_params import (CONTROL_INPUTS, check_embedding_bias, check_
 from serving.sequence_output import SequenceOutput, TokenLogprob
 from serving.stub_python import check_stub
 from serving.text import from_word_list, token_bytes_table
-from serving.triton_io import (RequestError, error_response, llm_response, model_parameters, scalar,
-                               shutting_down_response, single_row)
+from serving.triton_io import (LOGPROB_OUTPUTS, RequestError, error_response, llm_response, model_parameters,
+                               scalar, shutting_down_response, single_row)
 
 
 @dataclass
@@ -64,6 +66,7 @@ class TritonPythonModel:
         self._by_client_id: dict[str, str] = {}  # client request id → ours, for the `stop` input
         self._stopped: set[str] = set()
         self._early_stops = EarlyStops()  # stops that overtook their request (serving/early_stops.py)
+        self.cancels = CancelWatch().start()  # clients' cancellations, asked off the engine's thread
         self.metrics = LLMMetrics(args["model_name"], args["model_version"])
         self.trt_metrics = None
         self.gate = DrainGate()
@@ -152,6 +155,7 @@ class TritonPythonModel:
                 sender.send(error_response(exc), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             self._streams[gen.request_id] = stream
+            self.cancels.watch(gen.request_id, sender)
             if stream.client_id:
                 self._by_client_id[stream.client_id] = gen.request_id
                 if self._early_stops.claim(stream.client_id):  # its stop came first: it ends at its first step
@@ -182,6 +186,7 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _forget(self, request_id: str) -> None:
+        self.cancels.forget(request_id)  # before any final response (serving/cancel_watch.py)
         stream = self._streams.pop(request_id, None)
         if stream is not None and stream.client_id:
             self._by_client_id.pop(stream.client_id, None)
@@ -230,7 +235,7 @@ class TritonPythonModel:
             stop_words=self._word_list(request, "stop_words_list"),
             bad_words=self._word_list(request, "bad_words_list"),
             embedding_bias=self._embedding_bias(request),
-            is_cancelled=lambda: request_id in self._stopped or sender.is_cancelled(),
+            is_cancelled=lambda: request_id in self._stopped or self.cancels.is_cancelled(request_id),
             return_log_probs=controls.return_log_probs,
             top_logprobs=controls.top_logprobs,
             num_return_sequences=controls.num_return_sequences,
@@ -241,8 +246,11 @@ class TritonPythonModel:
         echo = [] if exclude_input in (None, True) else prompt
         sequences = [SequenceOutput(self.table, streaming, max_tokens, len(prompt), list(echo), index)
                      for index in range(controls.num_return_sequences)]
-        stream = _Stream(sender=sender, sequences=sequences, client_id=request.request_id(),
-                         outputs=frozenset(request.requested_output_names()), running=len(sequences))
+        outputs = frozenset(request.requested_output_names())
+        if not controls.return_log_probs:
+            outputs -= LOGPROB_OUTPUTS
+        stream = _Stream(sender=sender, sequences=sequences, client_id=request.request_id(), outputs=outputs,
+                         running=len(sequences))
         return gen, stream
 
     def _embedding_bias(self, request) -> torch.Tensor | None:
@@ -342,6 +350,7 @@ class TritonPythonModel:
     def finalize(self):
         # Drain: requests already accepted finish (up to the timeout) before the process exits.
         self.engine.shutdown(timeout=self.drain_timeout_s)
+        self.cancels.close()  # after the drain: a request cancelled while draining still ends early
         if self._on_queue_full is not None:  # unloaded, it holds nothing
             self._on_queue_full(False)
         self._events.put(None)
