@@ -179,7 +179,10 @@ def _constants(names: list[str], model: Transformer, config: dict) -> dict[str, 
     tiles), and the one kind inductor makes itself, unnamed (``constant<N>``): it lowers
     ``_weight_int4pack_mm_for_cpu`` to the shim that takes the group size as an int64 scalar tensor."""
     step = DecodeStep(model)
-    tensors = {name: t.detach() for name, t in [*step.named_parameters(), *step.named_buffers()]}
+    # Every name of a tied tensor: export names the tied embedding and head by either (seen: fp32's package
+    # wanted model.embed_tokens.weight, bf16's model.lm_head.weight), where named_parameters() keeps only the first.
+    tensors = {name: t.detach() for name, t in [*step.named_parameters(remove_duplicate=False),
+                                                *step.named_buffers(remove_duplicate=False)]}
     group_size = (config["pretrained_config"].get("quantization") or {}).get("group_size")
     out = {}
     for name in names:

@@ -129,3 +129,19 @@ def test_real_model_greedy_answers_equal_eager(real_engine_dir, real_checkpoint)
     compiled = greedy_answers(loaded, prompts, ends, 48)
     loaded.model.compiled_decode = None
     assert compiled == greedy_answers(loaded, prompts, ends, 48)
+
+
+def test_a_tied_head_and_embedding_resolve_by_either_name():
+    """torch.export names a tied tensor by either of its names, not always the same one (a bf16 package of the
+    default model wanted model.lm_head.weight and was refused, running eager, while the fp32 one wanted
+    model.embed_tokens.weight): the package's constants resolve every alias to the one tensor."""
+    from cpu_engine.model import ModelArgs, Transformer
+
+    args = ModelArgs(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                     num_kv_heads=1, head_dim=8, max_position_embeddings=64, tie_word_embeddings=True)
+    model = Transformer(args)
+    model.lm_head.weight = model.embed_tokens.weight  # as engine_dir ties them
+    config = {"pretrained_config": {}}
+    for name in ("model.lm_head.weight", "model.embed_tokens.weight"):
+        [(_, tensor)] = compiled_step._constants([name], model, config).items()
+        assert tensor.data_ptr() == model.embed_tokens.weight.data_ptr()
