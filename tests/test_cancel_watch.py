@@ -62,3 +62,52 @@ def test_forget_clears_a_cancellation_so_a_reused_id_starts_clean():
         assert not watch.is_cancelled("r")
     finally:
         watch.close()
+
+
+class BrokenSender(FakeSender):
+    def is_cancelled(self) -> bool:
+        self.asked += 1
+        raise RuntimeError("shared memory pool is full")
+
+
+def test_a_sender_that_fails_ends_its_request_and_the_watch_goes_on():
+    watch = CancelWatch(every_s=0.005).start()
+    try:
+        live = FakeSender()
+        watch.watch("broken", BrokenSender())
+        watch.watch("live", live)
+        wait_for(lambda: watch.is_cancelled("broken"), timeout=5, what="the broken request ended")
+        asked = live.asked
+        wait_for(lambda: live.asked > asked + 2, timeout=5, what="the other request still asked")
+        assert not watch.is_cancelled("live")
+    finally:
+        watch.close()
+
+
+class BlockedSender(FakeSender):
+    """A round trip that lasts until the test lets it end."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+
+    def is_cancelled(self) -> bool:
+        self.asking.set()
+        self.release.wait(10)
+        return False
+
+
+def test_one_requests_question_in_flight_does_not_hold_up_anothers_forget():
+    watch = CancelWatch(every_s=0.005).start()
+    blocked = BlockedSender()
+    try:
+        watch.watch("blocked", blocked)
+        watch.watch("other", FakeSender())
+        assert blocked.asking.wait(5)
+        forgot = threading.Thread(target=watch.forget, args=("other",))
+        forgot.start()
+        forgot.join(5)  # a final response for "other" is not kept waiting for "blocked"'s round trip
+        assert not forgot.is_alive() and not blocked.release.is_set()
+    finally:
+        blocked.release.set()
+        watch.close()

@@ -170,6 +170,10 @@ class TritonPythonModel:
             except ValueError as exc:  # a request this engine cannot run (more sequences than slots)
                 self._forget(gen.request_id)
                 sender.send(error_response(exc), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception as exc:  # noqa: BLE001 - answered here, after _forget (serving/cancel_watch.py)
+                self._forget(gen.request_id)
+                sender.send(error_response(exc, pb_utils.TritonError.INTERNAL),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if submitted:  # at once, not at the next period: a drain must never read a stale "idle"
             self._update_gauges(force=True)
         return None
