@@ -40,7 +40,7 @@ def _kernels(args) -> None:
     from .cpu_build import compile_decode_step
 
     variant = engine_variant(read_config(args.engine_dir))
-    # Every variant calls them (decode attention; int8_sq's projections, int4_awq's prompt chunks).
+    # Every variant calls them (decode attention; int8_sq's and int4_awq's projections).
     print(f"C++ kernels: {native.build(args.engine_dir)}")
     if variant not in compiled_step.NOT_COMPILED:
         print(f"compiled decode step: {compile_decode_step(args.engine_dir)}")

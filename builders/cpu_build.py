@@ -214,4 +214,4 @@ def _build_native_kernels(engine_dir: Path) -> None:
         native.build(engine_dir)
     except (OSError, RuntimeError) as exc:
         log.warning("the C++ kernels were not built (%s): this engine runs eager PyTorch where it would call them "
-                    "(decode attention, int8_sq's projections, int4_awq's prompt chunks)", exc)
+                    "(decode attention, int8_sq's and int4_awq's projections)", exc)

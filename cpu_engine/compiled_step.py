@@ -83,9 +83,9 @@ def _source_digest() -> bytes:
 
 def package_path(engine_dir: str | Path, config: dict) -> Path:
     """The package for this code, torch, config and kernels: with the engine's C++ kernels loaded in this process
-    (load_engine loads them, native.py), the step calls their attention, and a package that calls them is only run
-    where they are."""
-    kernels = native.build_key() if native.available() else "no C++ kernels"
+    (load_engine loads them, native.py), the step calls their attention and, where the CPU has AVX512-BF16, their
+    int4 projection; a package that calls them is only run where they are."""
+    kernels = f"{native.build_key()} int4_dot={native.int4_dot()}" if native.available() else "no C++ kernels"
     digest = hashlib.sha256(_source_digest())
     digest.update(kernels.encode())
     digest.update(torch.__version__.encode())

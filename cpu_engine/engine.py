@@ -32,7 +32,7 @@ from .threads import on_scratch_thread
 
 CANCEL_POLL_S = 0.02  # how stale a cancellation may be before its slot is freed
 # A prompt step is never as narrow as a decode step ([B, 1]): a prompt's last rows, whatever a prefix-cache hit left
-# of it, run the prompt's kernels (int4 weights unpacked to bf16, SDPA), not the decode step's.
+# of it, run the prompt's attention (SDPA), not the decode step's.
 MIN_PROMPT_WIDTH = 2
 
 log = logging.getLogger(__name__)

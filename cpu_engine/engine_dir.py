@@ -88,7 +88,7 @@ def _load_engine(engine_dir: str | Path) -> LoadedEngine:
     model.load_state_dict(state, strict=True)
     if model.args.tie_word_embeddings:  # one tensor, as in the checkpoint (56 MB saved in bf16)
         model.lm_head.weight = model.embed_tokens.weight
-    # Every variant calls them (decode attention; int8_sq's projections, int4_awq's prompt chunks), and the compiled
+    # Every variant calls them (decode attention; int8_sq's and int4_awq's projections), and the compiled
     # step's package is the one built for them when they are loaded.
     why_not = native.load(engine_dir)
     native_kernels = why_not is None

@@ -1,13 +1,13 @@
-"""The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): int8_sq's W8A8 projection, a decode step's
-attention read in place from the paged cache, int4_awq's tiles unpacked to bf16 for prompt chunks, and the runner
-of the compiled decode step (without the GIL). Compiled ahead of time with every engine, cached next to it, and
-loaded with it; eager PyTorch is the fallback wherever no library can be found or built (no compiler, another torch,
-``LLM_CPU_KERNELS=eager``): bit for bit the projection's numbers, the attention's within bf16 rounding (ATen's
-matmuls round the scores to bf16, the kernel keeps float32), and int4's kernel for prompt chunks.
+"""The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): int8_sq's W8A8 projection, int4_awq's projection
+on bf16 dot products, a decode step's attention read in place from the paged cache, and the runner of the compiled
+decode step (without the GIL). Compiled ahead of time with every engine, cached next to it, and loaded with it; eager
+PyTorch is the fallback wherever no library can be found or built (no compiler, another torch,
+``LLM_CPU_KERNELS=eager``): bit for bit the projection's numbers, int4's within float32 rounding order (ATen's
+int4 kernel, also where the CPU lacks AVX512-BF16), the attention's within bf16 rounding (ATen's matmuls round the
+scores to bf16, the kernel keeps float32).
 
 A library is keyed by its sources, torch's version and the Python ABI, so an engine directory carried to a
-machine with another torch builds (or falls back) instead of loading a library built against other headers.
-"""
+machine with another torch builds (or falls back) instead of loading a library built against other headers."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 SOURCES = tuple(Path(__file__).parent / "kernels" / name
-                for name in ("int8_linear.cpp", "decode_attention.cpp", "int4_unpack.cpp", "compiled_runner.cpp"))
+                for name in ("int8_linear.cpp", "int4_linear.cpp", "decode_attention.cpp", "compiled_runner.cpp"))
 HEADERS = (Path(__file__).parent / "kernels" / "lanes.h",)  # included by the sources: part of the key
 LIBRARY = "llm_cpu_kernels"
 # -fopenmp: at::parallel_for is a header template that runs its loop on one thread unless _OPENMP is defined. The
@@ -118,9 +118,9 @@ def _register_fakes() -> None:
     """Output shapes for torch.export, which traces the compiled decode step through these ops."""
     torch.library.register_fake("llm_cpu::decode_attention")(lambda q, k_cache, v_cache, reads, positions:
                                                              torch.empty_like(q))
-    torch.library.register_fake("llm_cpu::int4pack_to_bf16")(
-        lambda packed, scales_zeros, group, block_n, split: packed.new_empty(
-            (packed.shape[1] * 2, packed.shape[0]), dtype=torch.bfloat16))
+    torch.library.register_fake("llm_cpu::int4_linear")(
+        lambda x, packed, scales_zeros, group, out_features: x.new_empty((*x.shape[:-1], out_features),
+                                                                         dtype=torch.bfloat16))
 
 
 def available() -> bool:
@@ -128,8 +128,15 @@ def available() -> bool:
     return _loaded is not None
 
 
+def int4_dot() -> bool:
+    """Whether int4 projections run the library's bf16 dot-product kernel (loaded, and the CPU has AVX512-BF16)
+    rather than ATen's int4 kernel."""
+    return _loaded is not None and bool(torch.ops.llm_cpu.int4_supported())
+
+
 def describe() -> str:
     """Which kernels this process runs, for logs and the benchmark's table."""
     if _loaded is None:
         return "eager"
-    return f"C++ ({torch.ops.llm_cpu.int8_linear_isa()}) from {_loaded}"
+    int4 = "int4 on bf16 dot products" if int4_dot() else "int4 on ATen's kernel: no AVX512-BF16"
+    return f"C++ ({torch.ops.llm_cpu.int8_linear_isa()}; {int4}) from {_loaded}"

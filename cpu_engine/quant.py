@@ -5,13 +5,14 @@
 | fp32     | —                              | fp32 weights                         | ``torch.bmm`` over column blocks        |
 | int8_wo  | W8A16                          | int8 weights + per-channel scales    | ``torch._weight_int8pack_mm`` (bf16)¹   |
 | int8_sq  | W8A8_SQ_PER_CHANNEL            | int8 (smoothed) weights, scales      | ``torch._int_mm`` on int8 activations²  |
-| int4_awq | W4A16_AWQ                      | uint4 pairs + group scales and zeros | ``torch._weight_int4pack_mm_for_cpu``³  |
+| int4_awq | W4A16_AWQ                      | uint4 pairs + group scales and zeros | bf16 dot products on uint4³             |
 | fp8      | FP8                            | float8_e4m3fn + per-channel scale    | dequantised to bf16 at load             |
 
 ¹ Prompt chunks of ≥ ``INT8_DEQUANT_ROWS`` rows: the weight dequantised to bf16 for one GEMM.
 ² Quantisation, GEMM and rescale in one C++ kernel (``cpu_engine/kernels/int8_linear.cpp``) where it is built.
-³ With ``LLM_CPU_INT4_CHUNKS=bf16``, prompt steps, where the C++ kernels are loaded and bf16 GEMMs are fast: the tiles
-  unpacked to a bf16 Wᵀ (``cpu_engine/kernels/int4_unpack.cpp``) for one bf16 GEMM; decode steps keep the int4 kernel.
+³ The engine's C++ kernel (``cpu_engine/kernels/int4_linear.cpp``) where it is built and the CPU has AVX512-BF16:
+  exact products of bf16 activations and q - 8, scale and zero applied per group, 2x ATen's float32 kernel from
+  16 rows on; elsewhere ``torch._weight_int4pack_mm_for_cpu``. Both give the same numbers up to float32 rounding order.
 
 The engine file keeps Hugging Face's per-projection tensors; at load q/k/v and gate/up are concatenated into one
 projection each (``fuse_projections``: 4 kernel calls per layer instead of 7), and the quantised variants also
@@ -21,8 +22,6 @@ runs bf16 over the tied embedding from 8 rows on, where int8's kernel is compute
 
 from __future__ import annotations
 
-import logging
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -30,9 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import native
 from .model import Transformer
-
-log = logging.getLogger(__name__)
 
 QUANT_ALGOS = {"int8_wo": "W8A16", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16_AWQ", "fp8": "FP8"}
 # _weight_int8pack_mm's cost grows with its rows (torch 2.13: ~12 µs a row for 3,072 x 576; one call of 16-32 rows
@@ -42,24 +40,9 @@ QUANT_ALGOS = {"int8_wo": "W8A16", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq":
 INT8_DEQUANT_ROWS = 40
 TIED_HEAD_ROWS = 8  # Int8Head: rows from which the tied bf16 embedding's GEMM beats the int8 head
 INT8_DEQUANT_MAX_ELEMENTS = 4 << 20
-# _weight_int4pack_mm_for_cpu computes in float32 FMA tiles; a bf16 GEMM (AVX512-BF16, AMX) runs at twice that peak.
-# 30 layers' projections, 2 threads, Zen 4: 16 rows int4 22.6 / unpack 9.3 + bf16 14.3 ms, 32 rows 41.4 / 9.5 +
-# 22.2, 256 rows 321 / 9.3 + 130. So prompt steps may unpack; decode steps (one row a sequence) keep the int4 kernel.
-# Opt-in: weights rounded to bf16 are other numbers, and the default model's greedy answer to "What is the capital
-# of France?" is then "L'Étoile, la Marseillaise, …" instead of Paris (bench/engine_notes.md).
-INT4_CHUNKS_ENV = "LLM_CPU_INT4_CHUNKS"  # "bf16": int4 prompt steps on bf16 GEMMs
-# How torch tiles int4 weights depends on the kernel ATen dispatches to: (rows a tile, whose full tiles "split" the
-# nibbles between its two halves) by torch.backends.cpu.get_cpu_capability(); see kernels/int4_unpack.cpp.
-INT4_TILES = {"AVX512": (64, True), "AVX2": (32, True)}
-INT4_TILES_DEFAULT = (32, False)
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 PER_INPUT_CHANNEL = {"smooth"}  # buffers indexed by input channel: shared by a fused group, not concatenated
-
-
-def int4_tiles() -> tuple[int, bool]:
-    """The int4 tile layout of the kernel ATen dispatches to on this CPU (INT4_TILES)."""
-    return INT4_TILES.get(torch.backends.cpu.get_cpu_capability(), INT4_TILES_DEFAULT)
 
 
 def quantisable_linears(model: nn.Module) -> dict[str, nn.Linear]:
@@ -225,17 +208,21 @@ def int4_group_dequantise(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
 
 class Int4Linear(nn.Module):
     """W4A16: the file holds two uint4 per byte (``qweight`` [N, K / 2], low nibble first) and per-group scales and
-    zeros [N, K / g]; ``pack()`` turns them into the CPU kernel's tiled layout once, at load. Prompt steps unpack the
-    tiles to bf16 for one GEMM when ``tiles`` is set (prepare_for_cpu: the layout torch tiled them in)."""
+    zeros [N, K / g]; ``pack()`` turns them into one kernel's layout once, at load: the engine's C++ kernel's
+    (``dot``, kernels/int4_linear.cpp: bf16 dot products, 30 layers' projections at 16 rows 20.7 → 10.4 ms, 1 row
+    3.6 → 2.4 ms, 256 rows 327 → 152 ms on Zen 4) or ATen's tiles (``_weight_int4pack_mm_for_cpu``). Every step,
+    prompt or decode, eager or compiled, runs the one kernel: a prompt's logits do not depend on how much of it a
+    prefix-cache hit left to compute."""
 
     def __init__(self, in_features: int, out_features: int, group_size: int):
         super().__init__()
         self.group_size = group_size
+        self.in_features, self.out_features = in_features, out_features
         groups = in_features // group_size
         self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
         self.register_buffer("scales", torch.ones(out_features, groups, dtype=torch.bfloat16))
         self.register_buffer("zeros", torch.zeros(out_features, groups, dtype=torch.bfloat16))
-        self.tiles: tuple[int, bool] | None = None
+        self.dot = False
 
     @staticmethod
     def quantise(weight: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
@@ -246,33 +233,32 @@ class Int4Linear(nn.Module):
     def _unpacked(self) -> torch.Tensor:
         return torch.stack((self.qweight & 15, self.qweight >> 4), dim=-1).reshape(self.qweight.shape[0], -1)
 
-    def pack(self) -> None:
-        """The kernel's layout replaces the file's (one copy of the weights in memory)."""
-        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(self._unpacked().int(), 1))
-        self.register_buffer("scales_zeros", torch.stack((self.scales.T, self.zeros.T), dim=-1).contiguous())
+    def pack(self, dot: bool) -> None:
+        """The kernel's layout replaces the file's (one copy of the weights in memory). ``dot``: the engine's C++
+        kernel (loaded, and the CPU has AVX512-BF16: native.int4_dot())."""
+        if dot:
+            packed, scales_zeros = torch.ops.llm_cpu.int4_pack(self._unpacked(), self.scales, self.zeros,
+                                                               self.group_size)
+        else:
+            packed = torch._convert_weight_to_int4pack_for_cpu(self._unpacked().int(), 1)
+            scales_zeros = torch.stack((self.scales.T, self.zeros.T), dim=-1).contiguous()
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_zeros", scales_zeros)
+        self.dot = dot
         del self.qweight, self.scales, self.zeros
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        # A prompt step ([B, T > 1, K]; the engine never runs one of width 1) unpacks, whatever its number of rows: a
-        # prompt's logits must not depend on how much of it a prefix-cache hit left to compute. Decode steps
-        # ([B, 1, K], exported or eager) keep the int4 kernel.
-        prompt = x.dim() == 3 and x.shape[1] > 1
-        if self.tiles is not None and prompt and not torch.compiler.is_exporting():
-            out = torch.mm(rows, self.unpacked_t())
+        if self.dot:
+            out = torch.ops.llm_cpu.int4_linear(rows, self.packed, self.scales_zeros, self.group_size,
+                                                self.out_features)
         else:
             out = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_zeros)
         return out.view(*x.shape[:-1], -1).to(x.dtype)
 
-    def unpacked_t(self, tiles: tuple[int, bool] | None = None) -> torch.Tensor:
-        """Wᵀ [K, N] in bf16, unpacked from the tiles (``tiles``: rows a tile, split nibbles) by the C++ kernel."""
-        block_n, split = tiles or self.tiles
-        return torch.ops.llm_cpu.int4pack_to_bf16(self.packed, self.scales_zeros, self.group_size, block_n, split)
-
     def dequantised(self) -> torch.Tensor:
         """Through the kernel itself: the identity times Wᵀ."""
-        eye = torch.eye(self.packed.shape[1] * 2, dtype=torch.bfloat16)
-        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_zeros).T.float()
+        return self(torch.eye(self.in_features, dtype=torch.bfloat16)).T.float()
 
 
 def fp8_quantise(weight: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -304,41 +290,22 @@ def swap_linears(model: Transformer, variant: str, group_size: int | None = None
 def prepare_for_cpu(model: Transformer, variant: str | None, dtype: torch.dtype, native_kernels: bool = False) -> None:
     """After loading: the layouts the CPU kernels want. A weight-quantised variant's ``lm_head`` becomes int8
     (113 MB fp32 / 56 MB bf16 → 28 MB read per step), int8_sq's as W8A8 without smoothing; fp32 linears become
-    ``SplitLinear``; int4 weights are tiled; W8A8 linears use the C++ kernel when ``native_kernels``
-    (cpu_engine/native.py loaded it), and so do int4 prompt steps with ``LLM_CPU_INT4_CHUNKS=bf16`` where bf16 GEMMs
-    are fast."""
+    ``SplitLinear``; int4 weights are packed; W8A8 linears use the C++ kernel when ``native_kernels``
+    (cpu_engine/native.py loaded it), and so do int4 linears where the CPU has AVX512-BF16."""
     if variant in ("int8_wo", "int4_awq"):
         tied = model.lm_head.weight is model.embed_tokens.weight and model.lm_head.weight.dtype == torch.bfloat16
         model.lm_head = Int8Head.from_weight(model.lm_head.weight.detach())
         model.lm_head.tied = model.embed_tokens.weight.detach() if tied else None
     elif variant == "int8_sq":  # W8A8 like its projections: 16 rows 9.5 → 3.2 ms, 1 row 0.8 → 0.4 ms
         model.lm_head = SmoothQuantLinear.from_weight(model.lm_head.weight.detach())
-    int4 = []
+    int4_dot = native_kernels and native.int4_dot()
     for name, m in list(model.named_modules()):
         if isinstance(m, nn.Linear) and dtype == torch.float32:
             _replace(model, name, SplitLinear(m.weight.detach()))
         elif isinstance(m, Int4Linear):
-            m.pack()
-            int4.append(m)
+            m.pack(int4_dot)
         elif isinstance(m, SmoothQuantLinear):
             m.fused = native_kernels
-    tiles = int4_tiles()
-    opted = os.environ.get(INT4_CHUNKS_ENV, "").lower() == "bf16"
-    unpack = opted and bool(int4) and native_kernels and bf16_supported() and _int4_unpack_matches(int4[0], tiles)
-    for m in int4:
-        m.tiles = tiles if unpack else None
-
-
-def _int4_unpack_matches(linear: "Int4Linear", tiles: tuple[int, bool]) -> bool:
-    """The tile layout is ATen's private one: checked once per load against the int4 kernel's own weights (within one
-    bf16 rounding: ATen's AVX2 kernel orders its FMAs differently), so a torch that tiles otherwise keeps the int4
-    kernel for prompt steps instead of computing with scrambled weights."""
-    want = linear.dequantised()
-    if torch.allclose(linear.unpacked_t(tiles).t().float(), want, rtol=2 ** -7, atol=0):
-        return True
-    log.warning("int4 prompt steps keep the int4 kernel: unpacking this torch's int4 tiles (%s, %s) does not give its "
-                "weights", torch.__version__, torch.backends.cpu.get_cpu_capability())
-    return False
 
 
 def observe_inputs(model: nn.Module, batches, wanted: Callable[[str], bool],

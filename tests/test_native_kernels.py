@@ -1,6 +1,6 @@
 """The engine's C++ kernels (cpu_engine/native.py): built with the engine, loaded from next to it, bit-identical to
-the eager path they replace (the attention within float32 rounding; int4's unpacked weights within one bf16
-rounding), on oneDNN's real int8 kernels (never a ``ref_`` one), and an eager fallback that computes the same
+the eager path they replace (the attention within float32 rounding; int4's projection within one bf16 rounding of
+ATen's int4 kernel), on oneDNN's real int8 kernels (never a ``ref_`` one), and an eager fallback that computes the same
 numbers where they cannot be built."""
 
 from __future__ import annotations
@@ -129,44 +129,64 @@ def test_decode_attention_matches_sdpa_over_the_gathered_cache(int8_sq_engine, i
         assert error < (1e-5 if dtype == "torch.float32" else 2 ** -6), (dtype, error)
 
 
-@pytest.mark.parametrize("capability,isa", [("avx512", "native"), ("avx512", "scalar"), ("avx2", "native"),
-                                            ("default", "native")])
-def test_int4_unpack_equals_the_int4_kernels_weights(int8_sq_engine, capability, isa):
-    """Prompt steps' int4 weights (kernels/int4_unpack.cpp) against the int4 kernel's own product with the identity,
-    for each tile layout ATen can pick (ATEN_CPU_CAPABILITY), last tiles of 16, 32 and 48 rows (208, 96, 112 rows),
-    and 3 group sizes: equal within one bf16 rounding (ATen's AVX2 kernel orders its FMAs otherwise); then a prompt
-    step's output against the int4 kernel's (the weights' rounding to bf16 apart)."""
+INT4_CASES = ((128, 64, 32), (208, 128, 64), (80, 96, 32), (16, 64, 64), (192, 256, 128))  # (out, in, group)
+
+
+@pytest.mark.parametrize("isa", ["native", "scalar"])
+def test_int4_linear_equals_atens_int4_kernel(int8_sq_engine, isa):
+    """int4_awq's projection (kernels/int4_linear.cpp) against ATen's int4 kernel on the same weights: odd block
+    counts (208 and 80 rows: 13 and 5 blocks of 16), one block, 3 group sizes, and row counts
+    around the kernel's 6-row tile. Both compute in float32 and round to bf16, in other orders: the outputs may
+    differ by one bf16 rounding where float32's last bits straddle it, and both stay within that of the exact
+    product. Without AVX-512 (``LLM_CPU_KERNELS_ISA=scalar``, or a CPU without AVX512-BF16) the engine keeps ATen's
+    kernel, and the op says why it cannot run."""
     code = f"""
         import torch
         from cpu_engine import native
-        from cpu_engine.quant import Int4Linear, _int4_unpack_matches, int4_tiles
+        from cpu_engine.quant import Int4Linear, int4_group_dequantise
         assert native.load({str(int8_sq_engine)!r}) is None
-        report = {{"capability": torch.backends.cpu.get_cpu_capability()}}
-        tiles = int4_tiles()
-        for out_f, in_f, group in ((128, 64, 32), (208, 128, 64), (96, 64, 32), (112, 64, 64), (192, 256, 128)):
+        report = {{"dot": native.int4_dot()}}
+        if not native.int4_dot():
+            try:
+                torch.ops.llm_cpu.int4_linear(torch.zeros(1, 64, dtype=torch.bfloat16),
+                                              torch.zeros(1, 512, dtype=torch.uint8),
+                                              torch.zeros(1, 2, 2, 16, dtype=torch.bfloat16), 32, 16)
+            except RuntimeError as exc:
+                report["refused"] = str(exc).splitlines()[0]
+            print(report)
+            raise SystemExit
+        for out_f, in_f, group in {INT4_CASES!r}:
             torch.manual_seed(out_f)
-            linear = Int4Linear(in_f, out_f, group)
-            linear.load_state_dict(Int4Linear.quantise(torch.randn(out_f, in_f) * 0.05, group))
-            linear.pack()
-            report[(out_f, in_f, group)] = _int4_unpack_matches(linear, tiles)
-            x = torch.randn(1, 27, in_f).to(torch.bfloat16)  # a prompt step: [B, T > 1, K]
-            want = linear(x).float()
-            linear.tiles = tiles
-            got = linear(x).float()
-            report[("chunk", out_f)] = float((got - want).norm() / want.norm())
+            weight = torch.randn(out_f, in_f) * 0.05
+            state = Int4Linear.quantise(weight, group)
+            dot, aten = Int4Linear(in_f, out_f, group), Int4Linear(in_f, out_f, group)
+            for linear, use_dot in ((dot, True), (aten, False)):
+                linear.load_state_dict(state)
+                q = linear._unpacked()
+                linear.pack(use_dot)
+            exact = int4_group_dequantise(q, state["scales"], state["zeros"]).double()  # (q - 8) * scale + zero
+            for rows in (1, 5, 6, 7, 16, 27):
+                x = torch.randn(rows, in_f).to(torch.bfloat16)
+                got, want = dot(x).double(), aten(x).double()
+                product = x.double() @ exact.T
+                bound = 2 ** -8 * product.abs() + 2 ** -20 * (x.double().abs() @ exact.abs().T)
+                report[(out_f, in_f, group, rows)] = (float((got != want).double().mean()),
+                                                      bool(((got - product).abs() <= bound).all()))
         print(report)
     """
-    done = run_python(code, {"ATEN_CPU_CAPABILITY": capability,
-                             **({"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else {})})
+    done = run_python(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
     assert done.returncode == 0, done.stderr
     report = eval(done.stdout)  # noqa: S307 - our own subprocess's dict literal
-    if report.pop("capability") != capability.upper():
-        pytest.skip(f"ATen cannot pick its {capability} kernels on this CPU")
-    for case, result in report.items():
-        if case[0] == "chunk":  # bf16 weights: 2^-9 relative each, summed with random signs
-            assert result < 5e-3, (case, result)
-        else:
-            assert result is True, case
+    if not report.pop("dot"):
+        assert "AVX512-BF16" in report.pop("refused")
+        if isa == "native":
+            pytest.skip("this CPU has no AVX512-BF16: the engine runs ATen's int4 kernel")
+        return
+    assert isa == "native"
+    assert len(report) == len(INT4_CASES) * 6
+    for case, (differ, within) in report.items():
+        assert within, case
+        assert differ <= 0.02, (case, differ)  # one bf16 rounding apart, at a few of the outputs at most
 
 
 def _logits(loaded, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cpu_engine import FinishReason, GenerationRequest, SamplingParams
-from cpu_engine.quant import INT4_CHUNKS_ENV, Int4Linear, bf16_supported
+from cpu_engine import FinishReason, GenerationRequest, SamplingParams, native
+from cpu_engine.quant import Int4Linear
 from tests.test_engine import Collector, hf_model, start_engine  # noqa: F401 - the fixture
 
 SYSTEM = list(range(40, 40 + 61))  # 61 tokens: 7 whole blocks of 8 and 5 more
@@ -118,20 +118,17 @@ def test_a_cancelled_request_gives_its_blocks_back_and_keeps_its_prefix_cached(e
     assert cached(collector, "d") == 56 and stats.used == 0
 
 
-@pytest.mark.parametrize("chunks", ["int4", "bf16"])
-def test_a_prompt_gives_the_same_logits_cold_and_after_a_hit_whatever_it_left(int4_engine, chunks, monkeypatch):
+def test_a_prompt_gives_the_same_logits_cold_and_after_a_hit_whatever_it_left(int4_engine):
     """A hit leaves 1-8 tokens of the prompt (blocks of 8) where the cold prompt ran them in a 61-72-row step (or, past
-    the 64-token budget, in a 1-8-token chunk too): the first token's log-probs must be the same, with int4 prompt
-    steps on the int4 kernel (the default) and on bf16 GEMMs (``LLM_CPU_INT4_CHUNKS=bf16``, where the CPU has them).
-    They were not while that option switched to bf16 from 24 rows (the first-minute check's capital of France flipped
-    between the two); every prompt step now runs the same kernels (quant.Int4Linear, engine.MIN_PROMPT_WIDTH).
-    Measured then on this tiny model: 1.0e-5-3.1e-5 apart; 1e-6 bounds what a library's choice of summation order by
-    row count could change."""
-    monkeypatch.setenv(INT4_CHUNKS_ENV, "bf16" if chunks == "bf16" else "")
+    the 64-token budget, in a 1-8-token chunk too): the first token's log-probs must be the same. They were not while
+    an option ran int4 prompt steps on bf16 GEMMs from 24 rows (the first-minute check's capital of France flipped
+    between the two); every step now runs the same int4 kernel whatever its rows (quant.Int4Linear: the engine's
+    bf16 dot products where the CPU has AVX512-BF16, else ATen's). Measured then on this tiny model: 1.0e-5-3.1e-5
+    apart; 1e-6 bounds what a library's choice of summation order by row count could change."""
     collector = Collector()
     engine = start_engine(int4_engine, collector, tokens_per_block=8, max_num_tokens=64)
-    unpacking = {m.tiles is not None for m in engine.model.modules() if isinstance(m, Int4Linear)}
-    assert unpacking == {chunks == "bf16" and bf16_supported()}
+    kernels = {m.dot for m in engine.model.modules() if isinstance(m, Int4Linear)}
+    assert kernels == {native.int4_dot()}
     first = {}
     for extra in range(12):
         prompt = [40 + (i * 7 + extra * 13) % 400 for i in range(61 + extra)]  # a new prompt each time: cold

@@ -1,0 +1,209 @@
+// int4_awq's projection on AVX512-BF16 dot products: y = x Wᵀ with W = (q - 8) * scale + zero per (row, group).
+//
+// ATen's _weight_int4pack_mm_for_cpu dequantises every weight to float32 and multiplies with float32 FMAs (16
+// multiply-adds an instruction); at 16 rows a decode step is compute-bound on them. Here the factor is split:
+//   Σ_k x_k w_k = scale · Σ_k x_k (q_k - 8) + zero · Σ_k x_k        (per group of inputs)
+// q - 8 is an integer in [-8, 7], exact in bf16, and x is bf16 already, so VDPBF16PS (32 multiply-adds an instruction)
+// computes Σ x (q - 8) with exact products, accumulated in float32. The weights are not rounded to bf16 (which
+// changes the default model's answers: bench/engine_notes.md); the result differs from ATen's only in the order of
+// float32 roundings.
+//
+// Layout (int4_pack), per block of 16 output rows n0..n0+15 (as ATen's int4 kernel, whole blocks only), per step of
+// 4 inputs k..k+3, 32 bytes: byte 2c + j holds q[n0 + c, k + j] in its low nibble and q[n0 + c, k + 2 + j] in its
+// high one. Widened to 16-bit lanes, a low-nibble lookup gives lane pairs (k, k+1) of the 16 rows and a high-nibble
+// lookup pairs (k+2, k+3): exactly VDPBF16PS's operand, against the broadcast pair of inputs. Scales and zeros are
+// bf16 [blocks, groups, 2, 16].
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include "lanes.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+using c10::BFloat16;
+
+constexpr int64_t kLanes = 16;  // output rows of a block
+constexpr int64_t kStep = 4;    // inputs of a 32-byte step
+constexpr int kRowTile = 6;     // input rows whose sums stay in registers (6 × 2 blocks × 2 sums + 4 weights ≤ 32)
+
+bool has_avx512_bf16() {
+  static const bool yes = llm_cpu_kernels::has_avx512() && __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+
+// bf16 bit patterns of q - 8 for q = 0..15 (small integers: the float's upper half, exactly).
+uint16_t bf16_of_offset(int q) {
+  const float v = static_cast<float>(q - 8);
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// The lookup of unpack_step: 32 lanes, index = q (the upper 16 repeat the lower: only 5 index bits are read).
+const uint16_t* offset_table() {
+  static const struct Table {
+    uint16_t lanes[32];
+    Table() { for (int q = 0; q < 32; ++q) lanes[q] = bf16_of_offset(q & 15); }
+  } table;
+  return table.lanes;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+inline void unpack_step(const uint8_t* bytes, __m512i lut, __m512bh& low, __m512bh& high) {
+  const __m512i wide = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
+  low = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(wide, _mm512_set1_epi16(15)), lut);
+  high = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wide, 4), lut);
+}
+
+// Rows m0..m0+Rows-1 by blocks b0..b0+Blocks-1: every group's dot products, then scale and zero into the totals.
+template <int Rows, int Blocks>
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+void tile(const BFloat16* x, const float* row_sums, const uint8_t* packed, const BFloat16* scales_zeros,
+          int64_t k_len, int64_t group, int64_t b0, int64_t m0, int64_t n_len, BFloat16* out) {
+  const int64_t groups = k_len / group, block_bytes = k_len / kStep * 32;
+  const __m512i lut = _mm512_loadu_si512(offset_table());
+  __m512 total[Rows][Blocks];
+  for (int r = 0; r < Rows; ++r)
+    for (int b = 0; b < Blocks; ++b) total[r][b] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 dot[Rows][Blocks];
+    for (int r = 0; r < Rows; ++r)
+      for (int b = 0; b < Blocks; ++b) dot[r][b] = _mm512_setzero_ps();
+    for (int64_t k = g * group; k < (g + 1) * group; k += kStep) {
+      __m512bh low[Blocks], high[Blocks];
+      for (int b = 0; b < Blocks; ++b) unpack_step(packed + (b0 + b) * block_bytes + k / kStep * 32, lut, low[b], high[b]);
+      for (int r = 0; r < Rows; ++r) {
+        const BFloat16* row = x + (m0 + r) * k_len + k;
+        int32_t pair01, pair23;
+        std::memcpy(&pair01, row, 4);
+        std::memcpy(&pair23, row + 2, 4);
+        const __m512bh a01 = (__m512bh)_mm512_set1_epi32(pair01), a23 = (__m512bh)_mm512_set1_epi32(pair23);
+        for (int b = 0; b < Blocks; ++b) {
+          dot[r][b] = _mm512_dpbf16_ps(dot[r][b], low[b], a01);
+          dot[r][b] = _mm512_dpbf16_ps(dot[r][b], high[b], a23);
+        }
+      }
+    }
+    for (int b = 0; b < Blocks; ++b) {
+      const BFloat16* sz = scales_zeros + ((b0 + b) * groups + g) * 2 * kLanes;
+      const __m512 scale = llm_cpu_kernels::load16(sz), zero = llm_cpu_kernels::load16(sz + kLanes);
+      for (int r = 0; r < Rows; ++r) {
+        total[r][b] = _mm512_fmadd_ps(dot[r][b], scale, total[r][b]);
+        total[r][b] = _mm512_fmadd_ps(_mm512_set1_ps(row_sums[(m0 + r) * groups + g]), zero, total[r][b]);
+      }
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    for (int b = 0; b < Blocks; ++b) {
+      const int64_t n0 = (b0 + b) * kLanes;
+      llm_cpu_kernels::store16(out + (m0 + r) * n_len + n0, total[r][b]);
+    }
+  }
+}
+
+template <int Blocks>
+void rows_of_blocks(const BFloat16* x, const float* row_sums, const uint8_t* packed, const BFloat16* sz, int64_t m_len,
+                    int64_t k_len, int64_t group, int64_t b0, int64_t n_len, BFloat16* out) {
+  int64_t m0 = 0;
+  for (; m0 + kRowTile <= m_len; m0 += kRowTile)
+    tile<kRowTile, Blocks>(x, row_sums, packed, sz, k_len, group, b0, m0, n_len, out);
+  switch (m_len - m0) {
+    case 5: tile<5, Blocks>(x, row_sums, packed, sz, k_len, group, b0, m0, n_len, out); break;
+    case 4: tile<4, Blocks>(x, row_sums, packed, sz, k_len, group, b0, m0, n_len, out); break;
+    case 3: tile<3, Blocks>(x, row_sums, packed, sz, k_len, group, b0, m0, n_len, out); break;
+    case 2: tile<2, Blocks>(x, row_sums, packed, sz, k_len, group, b0, m0, n_len, out); break;
+    case 1: tile<1, Blocks>(x, row_sums, packed, sz, k_len, group, b0, m0, n_len, out); break;
+    default: break;
+  }
+}
+
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros, int64_t group,
+                       int64_t out_features) {
+  const int64_t k_len = x.size(-1), blocks = packed.size(0);
+  TORCH_CHECK(has_avx512_bf16(), "int4_linear needs AVX512-BF16 (int4_supported() says where it runs)");
+  TORCH_CHECK(group > 0 && group % kStep == 0 && k_len % group == 0, "int4_linear: ", k_len,
+              " inputs are not whole groups of ", group);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
+              packed.size(1) == k_len / kStep * 32 && blocks * kLanes == out_features,
+              "int4_linear: packed must be int4_pack's uint8 [", out_features / kLanes, ", ", k_len / kStep * 32, "]");
+  TORCH_CHECK(scales_zeros.scalar_type() == at::kBFloat16 && scales_zeros.is_contiguous() &&
+              scales_zeros.numel() == blocks * (k_len / group) * 2 * kLanes,
+              "int4_linear: scales_zeros must be int4_pack's bf16 [blocks, groups, 2, 16]");
+  const at::Tensor rows = x.reshape({-1, k_len}).to(at::kBFloat16).contiguous();
+  const int64_t m_len = rows.size(0), groups = k_len / group;
+  // Σ x over each (row, group), in float32: the zero's factor.
+  at::Tensor row_sums = rows.view({m_len, groups, group}).sum(-1, /*keepdim=*/false, at::kFloat).contiguous();
+  at::Tensor out = at::empty({m_len, out_features}, rows.options());
+  const BFloat16* xp = rows.data_ptr<BFloat16>();
+  const float* sums = row_sums.data_ptr<float>();
+  const uint8_t* pp = packed.data_ptr<uint8_t>();
+  const BFloat16* szp = scales_zeros.data_ptr<BFloat16>();
+  BFloat16* op = out.data_ptr<BFloat16>();
+  const int64_t pairs = blocks / 2;  // two blocks a task; an odd last block alone
+  at::parallel_for(0, pairs + blocks % 2, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      if (p < pairs) rows_of_blocks<2>(xp, sums, pp, szp, m_len, k_len, group, 2 * p, out_features, op);
+      else rows_of_blocks<1>(xp, sums, pp, szp, m_len, k_len, group, 2 * p, out_features, op);
+    }
+  });
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out_features;
+  return out.view(shape);
+}
+
+// q [N, K] uint8 in 0..15, scales and zeros [N, K / group] → (packed, scales_zeros) in the layout above.
+std::tuple<at::Tensor, at::Tensor> int4_pack(const at::Tensor& q, const at::Tensor& scales, const at::Tensor& zeros,
+                                             int64_t group) {
+  TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 2, "int4_pack: q must be uint8 [out, in]");
+  const int64_t n_len = q.size(0), k_len = q.size(1), groups = scales.size(1);
+  TORCH_CHECK(n_len % kLanes == 0 && group % kStep == 0 && groups * group == k_len &&
+              scales.sizes() == zeros.sizes() && scales.size(0) == n_len,
+              "int4_pack: out must be a multiple of 16, scales and zeros [out, in / group] with group % 4 == 0");
+  const int64_t blocks = n_len / kLanes;
+  const at::Tensor qc = q.contiguous();
+  const at::Tensor s = scales.to(at::kBFloat16).contiguous(), z = zeros.to(at::kBFloat16).contiguous();
+  at::Tensor packed = at::empty({blocks, k_len / kStep * 32}, q.options());
+  at::Tensor sz = at::empty({blocks, groups, 2, kLanes}, q.options().dtype(at::kBFloat16));
+  const uint8_t* src = qc.data_ptr<uint8_t>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  const BFloat16 *sp = s.data_ptr<BFloat16>(), *zp = z.data_ptr<BFloat16>();
+  BFloat16* szp = sz.data_ptr<BFloat16>();
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      for (int64_t c = 0; c < kLanes; ++c) {
+        const int64_t n = b * kLanes + c;
+        const uint8_t* qrow = src + n * k_len;
+        for (int64_t k = 0; k < k_len; k += kStep) {
+          uint8_t* step = dst + b * (k_len / kStep * 32) + k / kStep * 32;
+          for (int64_t j = 0; j < 2; ++j)
+            step[2 * c + j] = static_cast<uint8_t>((qrow[k + j] & 15) | ((qrow[k + 2 + j] & 15) << 4));
+        }
+        for (int64_t g = 0; g < groups; ++g) {
+          szp[((b * groups + g) * 2) * kLanes + c] = sp[n * groups + g];
+          szp[((b * groups + g) * 2 + 1) * kLanes + c] = zp[n * groups + g];
+        }
+      }
+    }
+  });
+  return {packed, sz};
+}
+
+bool int4_supported() { return has_avx512_bf16(); }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(llm_cpu, m) {
+  m.def("int4_linear(Tensor x, Tensor packed, Tensor scales_zeros, int group, int out_features) -> Tensor");
+  m.def("int4_pack(Tensor q, Tensor scales, Tensor zeros, int group) -> (Tensor, Tensor)", &int4_pack);
+  m.def("int4_supported() -> bool", &int4_supported);
+}
+
+TORCH_LIBRARY_IMPL(llm_cpu, CPU, m) { m.impl("int4_linear", &int4_linear); }
