@@ -384,9 +384,10 @@ def to_markdown(results: list[VariantQuality], command: str, windows: int, seq_l
         "at load (CPUs have no fast FP8 matmul; a per-call upcast is far slower), so FP8 saves disk and load "
         "bandwidth, not memory or compute. int8_wo computes with `torch._weight_int8pack_mm` on bf16 "
         "activations; int8_sq with `torch._int_mm` on per-token int8 activations after SmoothQuant smoothing "
-        "(calibrated on the calibration part of the same local English text); int4_awq on bf16 activations with "
-        "the engine's bf16 dot-product kernel (`torch._weight_int4pack_mm_for_cpu` without AVX512-BF16; the same "
-        "numbers up to float32 rounding order): asymmetric uint4 in groups of 32 inputs, after "
+        "(calibrated on the calibration part of the same local English text); int4_awq with "
+        "`torch._weight_int4pack_mm_for_cpu` on bf16 activations (decode steps on the engine's bf16 dot-product "
+        "kernel where the CPU has AVX512-BF16: the same numbers up to float32 rounding order): asymmetric uint4 in "
+        "groups of 32 inputs, after "
         "AWQ's activation-aware scale search (folded into the RMSNorm weights and up_proj rows) and clip search on "
         "that calibration text. The weight-quantised variants (int8_wo, int8_sq, int4_awq) also compute the tied "
         "`lm_head` as int8 (quantised at load), which is included in these numbers.",

@@ -28,6 +28,7 @@ from torch import nn
 from . import native
 from .kv_cache import KVCache
 from .model import Step, Transformer, rope
+from .quant import QUANT_ALGOS
 
 PACKAGE = "decode_step.pt2"
 EAGER_ENV = "LLM_CPU_DECODE"  # "eager": never load the compiled step (A/B runs)
@@ -83,9 +84,14 @@ def _source_digest() -> bytes:
 
 def package_path(engine_dir: str | Path, config: dict) -> Path:
     """The package for this code, torch, config and kernels: with the engine's C++ kernels loaded in this process
-    (load_engine loads them, native.py), the step calls their attention and, where the CPU has AVX512-BF16, their
-    int4 projection; a package that calls them is only run where they are."""
-    kernels = f"{native.build_key()} int4_dot={native.int4_dot()}" if native.available() else "no C++ kernels"
+    (load_engine loads them, native.py), the step calls their attention and, for int4_awq where the CPU has
+    AVX512-BF16, their int4 projection; a package that calls them is only run where they are. So an int4_awq package
+    compiled on a CPU with AVX512-BF16 is not the one a CPU without it looks for, and the other way round: there the
+    step runs eager until ``python -m builders kernels`` compiles that CPU's."""
+    kernels = native.build_key() if native.available() else "no C++ kernels"
+    quant_algo = (config["pretrained_config"].get("quantization") or {}).get("quant_algo")
+    if native.available() and quant_algo == QUANT_ALGOS["int4_awq"]:
+        kernels += f" int4_dot={native.int4_dot()}"
     digest = hashlib.sha256(_source_digest())
     digest.update(kernels.encode())
     digest.update(torch.__version__.encode())

@@ -1,5 +1,5 @@
-"""The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): int8_sq's W8A8 projection, int4_awq's projection
-on bf16 dot products, a decode step's attention read in place from the paged cache, and the runner of the compiled
+"""The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): int8_sq's W8A8 projection, int4_awq's decode-step
+projection on bf16 dot products, a decode step's attention read in place from the paged cache, and the runner of the compiled
 decode step (without the GIL). Compiled ahead of time with every engine, cached next to it, and loaded with it; eager
 PyTorch is the fallback wherever no library can be found or built (no compiler, another torch,
 ``LLM_CPU_KERNELS=eager``): bit for bit the projection's numbers, int4's within float32 rounding order (ATen's
@@ -138,5 +138,5 @@ def describe() -> str:
     """Which kernels this process runs, for logs and the benchmark's table."""
     if _loaded is None:
         return "eager"
-    int4 = "int4 on bf16 dot products" if int4_dot() else "int4 on ATen's kernel: no AVX512-BF16"
-    return f"C++ ({torch.ops.llm_cpu.int8_linear_isa()}; {int4}) from {_loaded}"
+    int4 = "; int4 decode on bf16 dot products" if int4_dot() else ""
+    return f"C++ ({torch.ops.llm_cpu.int8_linear_isa()}{int4}) from {_loaded}"

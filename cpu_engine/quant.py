@@ -5,14 +5,14 @@
 | fp32     | —                              | fp32 weights                         | ``torch.bmm`` over column blocks        |
 | int8_wo  | W8A16                          | int8 weights + per-channel scales    | ``torch._weight_int8pack_mm`` (bf16)¹   |
 | int8_sq  | W8A8_SQ_PER_CHANNEL            | int8 (smoothed) weights, scales      | ``torch._int_mm`` on int8 activations²  |
-| int4_awq | W4A16_AWQ                      | uint4 pairs + group scales and zeros | bf16 dot products on uint4³             |
+| int4_awq | W4A16_AWQ                      | uint4 pairs + group scales and zeros | ``torch._weight_int4pack_mm_for_cpu``³  |
 | fp8      | FP8                            | float8_e4m3fn + per-channel scale    | dequantised to bf16 at load             |
 
 ¹ Prompt chunks of ≥ ``INT8_DEQUANT_ROWS`` rows: the weight dequantised to bf16 for one GEMM.
 ² Quantisation, GEMM and rescale in one C++ kernel (``cpu_engine/kernels/int8_linear.cpp``) where it is built.
-³ The engine's C++ kernel (``cpu_engine/kernels/int4_linear.cpp``) where it is built and the CPU has AVX512-BF16:
-  exact products of bf16 activations and q - 8, scale and zero applied per group, 2x ATen's float32 kernel from
-  16 rows on; elsewhere ``torch._weight_int4pack_mm_for_cpu``. Both give the same numbers up to float32 rounding order.
+³ Decode steps on the engine's C++ kernel (``cpu_engine/kernels/int4_linear.cpp``) where it is built and the CPU has
+  AVX512-BF16: exact products of bf16 activations and q - 8, scale and zero applied per group, 2x ATen's float32
+  kernel at 16 rows; prompt steps, and decode steps elsewhere, on ``torch._weight_int4pack_mm_for_cpu``.
 
 The engine file keeps Hugging Face's per-projection tensors; at load q/k/v and gate/up are concatenated into one
 projection each (``fuse_projections``: 4 kernel calls per layer instead of 7), and the quantised variants also
@@ -208,11 +208,17 @@ def int4_group_dequantise(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
 
 class Int4Linear(nn.Module):
     """W4A16: the file holds two uint4 per byte (``qweight`` [N, K / 2], low nibble first) and per-group scales and
-    zeros [N, K / g]; ``pack()`` turns them into one kernel's layout once, at load: the engine's C++ kernel's
-    (``dot``, kernels/int4_linear.cpp: bf16 dot products, 30 layers' projections at 16 rows 20.7 → 10.4 ms, 1 row
-    3.6 → 2.4 ms, 256 rows 327 → 152 ms on Zen 4) or ATen's tiles (``_weight_int4pack_mm_for_cpu``). Every step,
-    prompt or decode, eager or compiled, runs the one kernel: a prompt's logits do not depend on how much of it a
-    prefix-cache hit left to compute."""
+    zeros [N, K / g]; ``pack()`` turns them into the kernels' layouts once, at load.
+
+    Prompt steps ([B, T > 1, K]; the engine never runs one of width 1) always run ATen's int4 kernel
+    (``_weight_int4pack_mm_for_cpu``, float32 FMAs), whatever their rows, so a prompt's logits do not depend on how
+    much of it a prefix-cache hit left to compute. Decode steps ([B, 1, K], eager or compiled) run the engine's C++
+    kernel where it is loaded and the CPU has AVX512-BF16 (``dot``, kernels/int4_linear.cpp: bf16 dot products; 30
+    layers' projections at 16 rows 20.7 → 10.4 ms, 1 row 3.6 → 2.4 ms on Zen 4), whose outputs equal ATen's up to
+    float32 rounding order. Not prompt steps too (256 rows 327 → 152 ms): that order changes the default model's
+    first answer token where it is a near tie ("What is the capital of France?": "The" 0.125 ahead of "L'" on
+    ATen's kernel, level with it on this one), and the first token comes from the prompt step. The price is a second
+    copy of the int4 weights (the decode kernel's layout), ~0.53 bytes a weight."""
 
     def __init__(self, in_features: int, out_features: int, group_size: int):
         super().__init__()
@@ -234,31 +240,32 @@ class Int4Linear(nn.Module):
         return torch.stack((self.qweight & 15, self.qweight >> 4), dim=-1).reshape(self.qweight.shape[0], -1)
 
     def pack(self, dot: bool) -> None:
-        """The kernel's layout replaces the file's (one copy of the weights in memory). ``dot``: the engine's C++
-        kernel (loaded, and the CPU has AVX512-BF16: native.int4_dot())."""
+        """The kernels' layouts replace the file's. ``dot``: decode steps on the engine's C++ kernel (loaded, and the
+        CPU has AVX512-BF16: native.int4_dot())."""
+        q = self._unpacked()
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q.int(), 1))
+        self.register_buffer("scales_zeros", torch.stack((self.scales.T, self.zeros.T), dim=-1).contiguous())
         if dot:
-            packed, scales_zeros = torch.ops.llm_cpu.int4_pack(self._unpacked(), self.scales, self.zeros,
-                                                               self.group_size)
-        else:
-            packed = torch._convert_weight_to_int4pack_for_cpu(self._unpacked().int(), 1)
-            scales_zeros = torch.stack((self.scales.T, self.zeros.T), dim=-1).contiguous()
-        self.register_buffer("packed", packed)
-        self.register_buffer("scales_zeros", scales_zeros)
+            packed, scales_zeros = torch.ops.llm_cpu.int4_pack(q, self.scales, self.zeros, self.group_size)
+            self.register_buffer("dot_packed", packed)
+            self.register_buffer("dot_scales_zeros", scales_zeros)
         self.dot = dot
         del self.qweight, self.scales, self.zeros
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        if self.dot:
-            out = torch.ops.llm_cpu.int4_linear(rows, self.packed, self.scales_zeros, self.group_size,
+        prompt = x.dim() == 3 and x.shape[1] > 1
+        if self.dot and not prompt:
+            out = torch.ops.llm_cpu.int4_linear(rows, self.dot_packed, self.dot_scales_zeros, self.group_size,
                                                 self.out_features)
         else:
             out = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_zeros)
         return out.view(*x.shape[:-1], -1).to(x.dtype)
 
     def dequantised(self) -> torch.Tensor:
-        """Through the kernel itself: the identity times Wᵀ."""
-        return self(torch.eye(self.in_features, dtype=torch.bfloat16)).T.float()
+        """Through ATen's kernel (a prompt step's): the identity times Wᵀ."""
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_zeros).T.float()
 
 
 def fp8_quantise(weight: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -303,7 +310,7 @@ def prepare_for_cpu(model: Transformer, variant: str | None, dtype: torch.dtype,
         if isinstance(m, nn.Linear) and dtype == torch.float32:
             _replace(model, name, SplitLinear(m.weight.detach()))
         elif isinstance(m, Int4Linear):
-            m.pack(int4_dot)
+            m.pack(int4_dot and m.out_features % 16 == 0)  # the kernel's blocks are 16 outputs, as ATen's
         elif isinstance(m, SmoothQuantLinear):
             m.fused = native_kernels
 

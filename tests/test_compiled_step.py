@@ -43,12 +43,14 @@ def test_engine_build_compiles_the_step_without_its_weights(int4_engine):
     assert compiled.path.parent.parent == int4_engine / "compiled"
     assert compiled.max_rows == loaded.build_config["max_batch_size"] + 1 == 5  # a full batch and a liveness probe
     # No weights in the package: it reads the model's own tensors, in place.
-    before = loaded.model.layers[0].mlp.down_proj.scales_zeros.clone()
-    loaded.model.layers[0].mlp.down_proj.scales_zeros.zero_()
+    down_proj = loaded.model.layers[0].mlp.down_proj
+    scales_zeros = down_proj.dot_scales_zeros if down_proj.dot else down_proj.scales_zeros  # the decode kernel's
+    before = scales_zeros.clone()
+    scales_zeros.zero_()
     cache, tokens, positions, blocks = _decode_inputs(loaded, [7, 20])
     with torch.inference_mode():
         zeroed = compiled(tokens, positions, blocks, copy.deepcopy(cache))
-        loaded.model.layers[0].mlp.down_proj.scales_zeros.copy_(before)
+        scales_zeros.copy_(before)
         restored = compiled(tokens, positions, blocks, cache)
     assert not torch.equal(zeroed, restored)
 

@@ -1,6 +1,6 @@
 """The engine's C++ kernels (cpu_engine/native.py): built with the engine, loaded from next to it, bit-identical to
-the eager path they replace (the attention within float32 rounding; int4's projection within one bf16 rounding of
-ATen's int4 kernel), on oneDNN's real int8 kernels (never a ``ref_`` one), and an eager fallback that computes the same
+the eager path they replace (the attention within float32 rounding; int4's decode projection within one bf16
+rounding of ATen's int4 kernel), on oneDNN's real int8 kernels (never a ``ref_`` one), and an eager fallback that computes the same
 numbers where they cannot be built."""
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def test_int4_linear_equals_atens_int4_kernel(int8_sq_engine, isa):
     counts (208 and 80 rows: 13 and 5 blocks of 16), one block, 3 group sizes, and row counts
     around the kernel's 6-row tile. Both compute in float32 and round to bf16, in other orders: the outputs may
     differ by one bf16 rounding where float32's last bits straddle it, and both stay within that of the exact
-    product. Without AVX-512 (``LLM_CPU_KERNELS_ISA=scalar``, or a CPU without AVX512-BF16) the engine keeps ATen's
+    product. Prompt steps ([1, T > 1, K]) run ATen's kernel: bit for bit its numbers. Without AVX-512 (``LLM_CPU_KERNELS_ISA=scalar``, or a CPU without AVX512-BF16) the engine keeps ATen's
     kernel, and the op says why it cannot run."""
     code = f"""
         import torch
@@ -170,8 +170,10 @@ def test_int4_linear_equals_atens_int4_kernel(int8_sq_engine, isa):
                 got, want = dot(x).double(), aten(x).double()
                 product = x.double() @ exact.T
                 bound = 2 ** -8 * product.abs() + 2 ** -20 * (x.double().abs() @ exact.abs().T)
+                prompt = x[None]  # [1, T, K]: a prompt step, on ATen's kernel (quant.Int4Linear) from 2 rows
+                same = torch.equal(dot(prompt), aten(prompt)) or rows == 1
                 report[(out_f, in_f, group, rows)] = (float((got != want).double().mean()),
-                                                      bool(((got - product).abs() <= bound).all()))
+                                                      bool(((got - product).abs() <= bound).all()), same)
         print(report)
     """
     done = run_python(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
@@ -184,8 +186,8 @@ def test_int4_linear_equals_atens_int4_kernel(int8_sq_engine, isa):
         return
     assert isa == "native"
     assert len(report) == len(INT4_CASES) * 6
-    for case, (differ, within) in report.items():
-        assert within, case
+    for case, (differ, within, prompt_on_aten) in report.items():
+        assert within and prompt_on_aten, case
         assert differ <= 0.02, (case, differ)  # one bf16 rounding apart, at a few of the outputs at most
 
 

@@ -122,9 +122,9 @@ def test_a_prompt_gives_the_same_logits_cold_and_after_a_hit_whatever_it_left(in
     """A hit leaves 1-8 tokens of the prompt (blocks of 8) where the cold prompt ran them in a 61-72-row step (or, past
     the 64-token budget, in a 1-8-token chunk too): the first token's log-probs must be the same. They were not while
     an option ran int4 prompt steps on bf16 GEMMs from 24 rows (the first-minute check's capital of France flipped
-    between the two); every step now runs the same int4 kernel whatever its rows (quant.Int4Linear: the engine's
-    bf16 dot products where the CPU has AVX512-BF16, else ATen's). Measured then on this tiny model: 1.0e-5-3.1e-5
-    apart; 1e-6 bounds what a library's choice of summation order by row count could change."""
+    between the two); every prompt step now runs ATen's int4 kernel whatever its rows, where decode steps may run the
+    engine's own (quant.Int4Linear). Measured then on this tiny model: 1.0e-5-3.1e-5 apart; 1e-6 bounds what a
+    library's choice of summation order by row count could change."""
     collector = Collector()
     engine = start_engine(int4_engine, collector, tokens_per_block=8, max_num_tokens=64)
     kernels = {m.dot for m in engine.model.modules() if isinstance(m, Int4Linear)}
