@@ -1,7 +1,7 @@
 """The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): int8_sq's W8A8 projection, int4_awq's decode-step
-projection on bf16 dot products, a decode step's attention read in place from the paged cache, and the runner of the compiled
-decode step (without the GIL). Compiled ahead of time with every engine, cached next to it, and loaded with it; eager
-PyTorch is the fallback wherever no library can be found or built (no compiler, another torch,
+projection on bf16 dot products, a decode step's attention read in place from the paged cache, and the runner of
+the compiled decode step (without the GIL). Compiled ahead of time with every engine, cached next to it, and loaded
+with it; eager PyTorch is the fallback wherever no library can be found or built (no compiler, another torch,
 ``LLM_CPU_KERNELS=eager``): bit for bit the projection's numbers, int4's within float32 rounding order (ATen's
 int4 kernel, also where the CPU lacks AVX512-BF16), the attention's within bf16 rounding (ATen's matmuls round the
 scores to bf16, the kernel keeps float32).

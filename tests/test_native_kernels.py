@@ -1,7 +1,7 @@
 """The engine's C++ kernels (cpu_engine/native.py): built with the engine, loaded from next to it, bit-identical to
 the eager path they replace (the attention within float32 rounding; int4's decode projection within one bf16
-rounding of ATen's int4 kernel), on oneDNN's real int8 kernels (never a ``ref_`` one), and an eager fallback that computes the same
-numbers where they cannot be built."""
+rounding of ATen's int4 kernel), on oneDNN's real int8 kernels (never a ``ref_`` one), and an eager fallback that
+computes the same numbers where they cannot be built."""
 
 from __future__ import annotations
 
