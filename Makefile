@@ -73,6 +73,7 @@ engine: $(ENGINE_DIR)/config.json
 # The engine's compiled decode step and C++ kernels, rebuilt when their sources change (the engine build makes them;
 # an engine built by older code gets them here instead of serving eager).
 $(ENGINE_DIR)/.kernels: $(ENGINE_DIR)/config.json cpu_engine/model.py cpu_engine/quant.py cpu_engine/compiled_step.py cpu_engine/native.py \
+    cpu_engine/cpu_target.py \
     $(wildcard cpu_engine/kernels/*.cpp cpu_engine/kernels/*.h)
 	$(PY) -m builders kernels --engine-dir $(ENGINE_DIR)
 	touch $@
@@ -150,7 +151,10 @@ base-image:
 	scripts/base_image.sh
 
 # The engine's C++ kernels go in with it (built when the sources changed since the engine): the image has no compiler.
+# Its decode step is compiled for this machine's CPU and for any x86-64-v3 one (--portable): the nodes that serve the
+# image need not be the machine that built it (cpu_engine/cpu_target.py).
 image: $(ENGINE_DIR)/.kernels
+	$(PY) -m builders kernels --engine-dir $(ENGINE_DIR) --portable
 	PYTHON=$(PY) scripts/image_build.sh $(IMAGE)
 
 image-test: $(VENV)/.installed

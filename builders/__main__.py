@@ -43,7 +43,8 @@ def _kernels(args) -> None:
     # Every variant calls them (decode attention; int8_sq's and int4_awq's projections).
     print(f"C++ kernels: {native.build(args.engine_dir)}")
     if variant not in compiled_step.NOT_COMPILED:
-        print(f"compiled decode step: {compile_decode_step(args.engine_dir)}")
+        for package in compile_decode_step(args.engine_dir, portable=args.portable):
+            print(f"compiled decode step: {package}")
 
 
 def _eval(args) -> None:
@@ -116,6 +117,9 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("kernels", help="the engine's C++ kernels and compiled decode step next to it, built when "
                                        "missing (an image has no compiler: `make image` runs this)")
     p.add_argument("--engine-dir", required=True)
+    p.add_argument("--portable", action="store_true",
+                   help="also compile the decode step for any x86-64-v3 CPU (AVX2), ATen's int4 kernel: an image "
+                        "carries it for nodes unlike the machine that built it (~1 min more)")
     p.set_defaults(func=_kernels)
 
     p = sub.add_parser("eval", help="perplexity, agreement and KL of every CPU variant vs fp32")

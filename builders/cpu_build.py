@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from cpu_engine import compiled_step, native
+from cpu_engine import compiled_step, cpu_target, native
 from cpu_engine.engine_dir import (CPU_ENGINE_VERSION, DTYPES, WEIGHTS_FILE, engine_variant,
                                    load_engine, read_config)
 from cpu_engine.quant import QUANT_ALGOS, bf16_supported, quantise_state_dict
@@ -184,19 +184,31 @@ def build_cpu_engine(checkpoint: str | Path, output_dir: str | Path, variant: st
     return output_dir
 
 
-def compile_decode_step(engine_dir: str | Path) -> Path:
-    """The engine's decode step compiled ahead of time (cpu_engine/compiled_step.py) next to it, unless the package
-    for this code, torch and config is there already."""
+def compile_decode_step(engine_dir: str | Path, portable: bool = False) -> list[Path]:
+    """The engine's decode step compiled ahead of time (cpu_engine/compiled_step.py) next to it for this machine's
+    CPU and, with ``portable``, also for any x86-64-v3 CPU (cpu_engine/cpu_target.py: what an image carries for
+    nodes unlike the machine that built it), unless those packages are there already."""
     config = read_config(engine_dir)
     variant = engine_variant(config)
     if variant in compiled_step.NOT_COMPILED:
         raise ValueError(f"{variant} engines have no compiled decode step (their projections are a C++ op)")
     native.load(engine_dir)  # the package depends on whether the step can call them (else eager attention)
-    target = compiled_step.package_path(engine_dir, config)
-    if target.is_file():
-        return target
-    print(f"compiling the decode step ahead of time (AOTInductor, ~1 min) into {target.parent}", flush=True)
-    return compiled_step.build(load_engine(engine_dir), target)
+    targets = [compiled_step.host_target(config)]
+    if portable and cpu_target.PORTABLE not in targets:
+        if not cpu_target.runs_here(cpu_target.LEVELS[cpu_target.PORTABLE.march]):
+            raise ValueError(f"this machine cannot compile for {cpu_target.PORTABLE.march} (no AVX2)")
+        targets.append(cpu_target.PORTABLE)
+    loaded, built = None, []
+    for target in targets:
+        if compiled_step.package_path(engine_dir, config, target).is_file():
+            built.append(compiled_step.package_path(engine_dir, config, target))
+            continue
+        if loaded is None:
+            print(f"compiling the decode step ahead of time (AOTInductor, ~1 min a CPU target) under "
+                  f"{compiled_step.package_root(engine_dir, config)}", flush=True)
+            loaded = load_engine(engine_dir)
+        built.append(compiled_step.build(loaded, target, engine_dir))
+    return built
 
 
 def _compile_decode_step(engine_dir: Path) -> None:

@@ -3,15 +3,18 @@ per-op dispatch inside it.
 
 At engine build, :class:`DecodeStep` (the model's own layers over a step whose shapes are inputs: B rows and L keys
 are dynamic dimensions, each row masked to its own history) is exported with ``torch.export`` and compiled into
-``<engine>/compiled/<key>/decode_step.pt2``, without its weights: at load the package is handed the engine's own
-tensors, so they are not held twice. The key hashes the model code, torch's version and the engine's config, so a
-package never runs code or shapes it was not built from. The engine runs it for decode-only batches of up to
-``max_rows`` rows; prompt chunks run eager. A missing or stale package, or ``LLM_CPU_DECODE=eager``, means the eager
-step, with a warning that says why. int8_sq is not compiled: its projections are the engine's own C++ op.
-"""
+``<engine>/compiled/<key>/<cpu target>/decode_step.pt2``, without its weights: at load the package is handed the
+engine's own tensors, so they are not held twice. The key hashes the model code, torch's version and the engine's
+config, so a package never runs code or shapes it was not built from; the CPU target (cpu_target.py) says which
+instructions the generated code uses, so a package never runs on a CPU that lacks them. The engine runs it for
+decode-only batches of up to ``max_rows`` rows; prompt chunks run eager. A missing or stale package, none for this
+CPU, or ``LLM_CPU_DECODE=eager``, means the eager step, with a warning that says why. int8_sq is not compiled: its
+projections are the engine's own C++ op."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -25,15 +28,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import native
+from . import cpu_target, native
+from .cpu_target import CpuTarget
 from .kv_cache import KVCache
 from .model import Step, Transformer, rope
-from .quant import QUANT_ALGOS
+from .quant import QUANT_ALGOS, Int4Linear
 
 PACKAGE = "decode_step.pt2"
+TARGET_FILE = "target.json"  # the CPU target a package was compiled for, and the CPU flags it needs
 EAGER_ENV = "LLM_CPU_DECODE"  # "eager": never load the compiled step (A/B runs)
 NOT_COMPILED = ("int8_sq",)  # variants whose step calls the engine's own C++ op (native.py)
-_SOURCES = ("model.py", "quant.py", "compiled_step.py")
+_SOURCES = ("model.py", "quant.py", "compiled_step.py", "cpu_target.py")
 _EXAMPLE_ROWS, _EXAMPLE_KEYS = 4, 64  # export traces at these; never 0 or 1, which torch.export would specialise
 
 
@@ -82,21 +87,28 @@ def _source_digest() -> bytes:
     return digest.digest()
 
 
-def package_path(engine_dir: str | Path, config: dict) -> Path:
-    """The package for this code, torch, config and kernels: with the engine's C++ kernels loaded in this process
-    (load_engine loads them, native.py), the step calls their attention and, for int4_awq where the CPU has
-    AVX512-BF16, their int4 projection; a package that calls them is only run where they are. So an int4_awq package
-    compiled on a CPU with AVX512-BF16 is not the one a CPU without it looks for, and the other way round: there the
-    step runs eager until ``python -m builders kernels`` compiles that CPU's."""
+def package_root(engine_dir: str | Path, config: dict) -> Path:
+    """The folder of the packages for this code, torch, config and kernels: with the engine's C++ kernels loaded in
+    this process (load_engine loads them, native.py) the step calls their attention, and a package that calls them
+    is only run where they are. Within it, one folder per CPU target (cpu_target.py)."""
     kernels = native.build_key() if native.available() else "no C++ kernels"
-    quant_algo = (config["pretrained_config"].get("quantization") or {}).get("quant_algo")
-    if native.available() and quant_algo == QUANT_ALGOS["int4_awq"]:
-        kernels += f" int4_dot={native.int4_dot()}"
     digest = hashlib.sha256(_source_digest())
     digest.update(kernels.encode())
     digest.update(torch.__version__.encode())
     digest.update(json.dumps(config, sort_keys=True).encode())
-    return Path(engine_dir) / "compiled" / digest.hexdigest()[:16] / PACKAGE
+    return Path(engine_dir) / "compiled" / digest.hexdigest()[:16]
+
+
+def host_target(config: dict) -> CpuTarget:
+    """This machine's target: int4_awq's projections on the engine's bf16 dot-product kernel where it runs here."""
+    quant_algo = (config["pretrained_config"].get("quantization") or {}).get("quant_algo")
+    return cpu_target.host_target(quant_algo == QUANT_ALGOS["int4_awq"] and native.int4_dot())
+
+
+def package_path(engine_dir: str | Path, config: dict, target: CpuTarget) -> Path:
+    """Where the package for ``target`` goes: a folder named by its x86-64 level and the CPU flags it needs."""
+    named = hashlib.sha256(json.dumps([target.requirements(), target.int4_dot]).encode()).hexdigest()[:8]
+    return package_root(engine_dir, config) / f"{target.march or 'native'}-{named}" / PACKAGE
 
 
 def max_rows(config: dict) -> int:
@@ -104,9 +116,14 @@ def max_rows(config: dict) -> int:
     return config["build_config"]["max_batch_size"] + 1
 
 
-def build(loaded, target: Path) -> Path:
-    """Export and compile the decode step of ``loaded`` (engine_dir.LoadedEngine; about a minute on 2 cores) into
-    ``target`` (package_path), moved into place only when complete; packages of older code or torch are removed."""
+def build(loaded, target: CpuTarget, engine_dir: str | Path) -> Path:
+    """Export and compile the decode step of ``loaded`` (engine_dir.LoadedEngine; about a minute on 2 cores) for
+    ``target`` into its folder under package_root, with the CPU flags it needs beside it (``TARGET_FILE``); moved
+    into place only when complete. A package already there for the same target is kept; packages of older code or
+    torch are removed. Returns the package's path."""
+    root, path = package_root(engine_dir, loaded.config), package_path(engine_dir, loaded.config, target)
+    if path.is_file():
+        return path
     args, block = loaded.model.args, 16  # any block size: the step gets cache rows, not blocks
     cache = KVCache(args, _EXAMPLE_KEYS // block + _EXAMPLE_ROWS + 1, block, loaded.compute_dtype, probe_blocks=0)
     caches = tuple(t for pair in cache.layers for t in pair)
@@ -117,19 +134,66 @@ def build(loaded, target: Path) -> Path:
     keys = torch.export.Dim("keys", min=1, max=loaded.build_config["max_seq_len"])
     cache_rows = torch.export.Dim("cache_rows", min=block, max=1 << 30)
     dynamic = ({0: rows}, {0: rows}, {0: rows}, {0: rows, 1: keys}, tuple({0: cache_rows} for _ in caches))
-    with torch.no_grad():
+    with torch.no_grad(), _int4_kernel(loaded.model, target.int4_dot):
         program = torch.export.export(DecodeStep(loaded.model).eval(), (torch.zeros_like(positions), positions,
                                       writes, reads, *caches), dynamic_shapes=dynamic, strict=False)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="decode-step-", dir=target.parent) as scratch:
-            partial = torch._inductor.aoti_compile_and_package(
-                program, package_path=str(Path(scratch) / PACKAGE),
-                inductor_configs={"aot_inductor.package_constants_in_so": False, "emulate_precision_casts": True})
-            os.replace(partial, target)
-    for stale in target.parent.parent.iterdir():
-        if stale != target.parent:
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="decode-step-", dir=root))
+    try:
+        with torch.no_grad():
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=str(scratch / PACKAGE),
+                inductor_configs={"aot_inductor.package_constants_in_so": False, "emulate_precision_casts": True,
+                                  **target.inductor_configs()})
+        described = {**dataclasses.asdict(target), "requirements": target.requirements()}
+        (scratch / TARGET_FILE).write_text(json.dumps(described, indent=2) + "\n")
+        shutil.rmtree(path.parent, ignore_errors=True)  # a half-written one of an interrupted build
+        os.replace(scratch, path.parent)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    for stale in root.parent.iterdir():
+        if stale != root:
             shutil.rmtree(stale, ignore_errors=True)
-    return target
+    return path
+
+
+@contextlib.contextmanager
+def _int4_kernel(model: Transformer, dot: bool):
+    """int4 projections traced through the engine's bf16 dot-product kernel (``dot``) or ATen's: a portable
+    package must not call the former, which needs AVX512-BF16."""
+    modules = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    if dot and not any(m.dot for m in modules):
+        raise ValueError("this process does not run the int4 dot-product kernel (native.int4_dot())")
+    kept = [m for m in modules if m.dot and not dot]
+    for m in kept:
+        m.dot = False
+    try:
+        yield
+    finally:
+        for m in kept:
+            m.dot = True
+
+
+def find(engine_dir: str | Path, config: dict) -> tuple[Path | None, str]:
+    """The package this process should run: among those for this code, torch and config, the one whose CPU flags
+    this machine has, needing the most of them (the one built here before a portable one). Or None and why not."""
+    root = package_root(engine_dir, config)
+    runnable = []
+    for described in sorted(root.glob(f"*/{TARGET_FILE}")):
+        try:
+            target = json.loads(described.read_text())
+            fits = cpu_target.runs_here(target["requirements"]) and (native.int4_dot() or not target["int4_dot"])
+        except (OSError, ValueError, KeyError, TypeError):  # unreadable: as if it were not there
+            continue
+        if fits and (described.parent / PACKAGE).is_file():
+            runnable.append((len(target["requirements"]), described.parent / PACKAGE))
+    if runnable:
+        return max(runnable)[1], ""
+    command = f"python -m builders kernels --engine-dir {engine_dir} compiles it"
+    if root.is_dir() and any(root.iterdir()):
+        return None, (f"no compiled decode step built for this CPU under {root} (each package's {TARGET_FILE} "
+                      f"names the CPU flags it needs; {command})")
+    return None, f"no compiled decode step for this code and torch {torch.__version__} at {root} ({command})"
 
 
 class CompiledDecode:
@@ -154,10 +218,9 @@ def load(engine_dir: str | Path, config: dict, model: Transformer) -> tuple[Comp
     """The engine's compiled step with ``model``'s tensors as its weights, or None and why not."""
     if os.environ.get(EAGER_ENV, "").lower() == "eager":
         return None, f"{EAGER_ENV}=eager"
-    path = package_path(engine_dir, config)
-    if not path.is_file():
-        return None, (f"no compiled decode step for this code and torch {torch.__version__} at {path} "
-                      f"(python -m builders kernels --engine-dir {engine_dir} compiles it)")
+    path, why_not = find(engine_dir, config)
+    if path is None:
+        return None, why_not
     try:
         run = _open(path, model, config)
     except (RuntimeError, KeyError, OSError) as exc:  # a package from another build of torch, or broken

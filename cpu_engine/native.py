@@ -129,9 +129,10 @@ def available() -> bool:
 
 
 def int4_dot() -> bool:
-    """Whether int4 projections run the library's bf16 dot-product kernel (loaded, and the CPU has AVX512-BF16)
-    rather than ATen's int4 kernel."""
-    return _loaded is not None and bool(torch.ops.llm_cpu.int4_supported())
+    """Whether int4 projections run the library's bf16 dot-product kernel (loaded, the CPU has AVX512-BF16, and
+    torch's capability, which ``ATEN_CPU_CAPABILITY`` lowers, is AVX-512) rather than ATen's int4 kernel."""
+    return (_loaded is not None and bool(torch.ops.llm_cpu.int4_supported())
+            and torch.backends.cpu.get_cpu_capability().startswith("AVX512"))
 
 
 def describe() -> str:

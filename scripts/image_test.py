@@ -11,9 +11,12 @@ SDK against serving/openai):
              stopped (SIGSTOP) -> 503 within its deadline while Triton's /v2/health/live stays 200; SIGCONT -> 200
              again, or tritonserver aborted and the container exited non-zero (what a restart policy restarts)
   cold       container create -> ready over HTTP, N starts (default 3), with the parts from the logs
+  cpu        the engine loaded in the image decodes with its compiled step on this machine's CPU, and, kept off
+             AVX-512 (ATEN_CPU_CAPABILITY=avx2: an AVX2-only node), with the portable x86-64-v3 one, never the
+             AVX-512 package (cpu_engine/cpu_target.py)
   helm       tests/test_helm_live.py with the chart's containers run from this image (TRITON_LLM_IMAGE)
 
-    python scripts/image_test.py [--image triton-llm-stack:cpu] [--starts 3] [--only serve,drain,liveness,cold,helm]
+    python scripts/image_test.py [--image triton-llm-stack:cpu] [--starts 3] [--only serve,drain,liveness,cold,cpu,helm]
                                  [--json build/image-test.json]
 
 Prints a table per part and writes the measurements as JSON. Exit 0 when every check passes.
@@ -186,6 +189,27 @@ def check_serve(c: Container, results: dict) -> None:
     checks["read_only"] = "root filesystem read-only, /tmp a tmpfs; served throughout"
     for k, v in checks.items():
         print(f"  serve {k}: {v}")
+
+
+# ---------------------------------------------------------------------------------------------------- cpu
+
+_DECODE = ("from builders.profile import ServingProfile; from cpu_engine import load_engine; "
+           "print('decode:', load_engine(ServingProfile.from_yaml('builders/profiles/cpu.yaml').resolved()"
+           ".engine_dir).decode)")
+
+
+def check_cpu_targets(image: str, results: dict) -> None:
+    """Which compiled step the image's engine loads here, and on an AVX2-only node (stood in for by torch's
+    capability lowered to AVX2, which also keeps the engine off its AVX-512 kernels)."""
+    checks = results.setdefault("cpu", {})
+    for name, env in (("this machine", []), ("avx2 node", ["-e", "ATEN_CPU_CAPABILITY=avx2"])):
+        done = sh("run", "--rm", *run_args(), *env, "--entrypoint", "python3", image, "-c", _DECODE, timeout=180)
+        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("decode: ")), done.stdout[-500:])
+        checks[name] = line.removeprefix("decode: ")
+    assert checks["this machine"].startswith("compiled ("), checks
+    assert checks["avx2 node"].startswith("compiled (") and "/x86-64-v3-" in checks["avx2 node"], checks
+    for k, v in checks.items():
+        print(f"  cpu {k}: {v}")
 
 
 # ---------------------------------------------------------------------------------------------------- liveness
@@ -520,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--image", default="triton-llm-stack:cpu")
     ap.add_argument("--starts", type=int, default=3)
-    ap.add_argument("--only", default="serve,drain,liveness,cold,helm")
+    ap.add_argument("--only", default="serve,drain,liveness,cold,cpu,helm")
     ap.add_argument("--json", default=str(ROOT / "build" / "image-test.json"))
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
@@ -556,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
             c.remove()
     for name, fn in (("liveness", lambda: check_liveness(args.image, results)),
                      ("cold", lambda: check_cold(args.image, args.starts, results)),
+                     ("cpu", lambda: check_cpu_targets(args.image, results)),
                      ("helm", lambda: check_helm(args.image, results))):
         if name in only:
             try:

@@ -5,13 +5,16 @@ whenever the package is missing or turned off."""
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import shutil
+import subprocess
+import tempfile
 
 import pytest
 import torch
 
-from cpu_engine import compiled_step, load_engine
+from cpu_engine import compiled_step, cpu_target, load_engine
 from cpu_engine.kv_cache import KVCache
 from tests.test_native_kernels import run_python
 
@@ -40,7 +43,12 @@ def test_engine_build_compiles_the_step_without_its_weights(int4_engine):
     loaded = load_engine(int4_engine)
     compiled = loaded.model.compiled_decode
     assert compiled is not None and loaded.decode == f"compiled ({compiled.path})"
-    assert compiled.path.parent.parent == int4_engine / "compiled"
+    assert compiled.path.parent.parent.parent == int4_engine / "compiled"
+    # Compiled for this machine's x86-64 level, not -march=native, and needing only flags this CPU has.
+    target = json.loads((compiled.path.parent / compiled_step.TARGET_FILE).read_text())
+    assert target["march"] == cpu_target.host_target(False).march
+    assert cpu_target.runs_here(target["requirements"]) and set(cpu_target.LEVELS[target["march"]]) <= \
+        set(target["requirements"])
     assert compiled.max_rows == loaded.build_config["max_batch_size"] + 1 == 5  # a full batch and a liveness probe
     # No weights in the package: it reads the model's own tensors, in place.
     down_proj = loaded.model.layers[0].mlp.down_proj
@@ -107,6 +115,55 @@ def test_without_the_cpp_kernels_the_package_runs_through_torchs_loader(int4_eng
     done = run_python(code, {"LLM_CPU_KERNELS": "eager"})
     assert done.returncode == 0, done.stderr
     assert float(done.stdout.strip().splitlines()[-1]) <= 2 ** -7
+
+
+def _vector_registers(package) -> set[str]:
+    """The widest registers (xmm, ymm, zmm) the package's generated code names."""
+    import zipfile
+
+    with zipfile.ZipFile(package) as archive, tempfile.TemporaryDirectory() as scratch:
+        [library] = [n for n in archive.namelist() if n.endswith(".so")]
+        code = subprocess.run(["objdump", "-d", archive.extract(library, scratch)], capture_output=True, text=True,
+                              check=True).stdout
+    return {r for r in ("xmm", "ymm", "zmm") if f"%{r}" in code}
+
+
+def test_a_package_runs_only_on_a_cpu_with_what_it_was_compiled_for(int4_engine, tmp_path):
+    """A process kept off AVX-512 (ATEN_CPU_CAPABILITY=avx2: what an AVX2-only node is) does not run the package of
+    an AVX-512 machine, which would die of an illegal instruction there; it decodes eager and says why. The
+    portable package (``builders kernels --portable``, x86-64-v3) runs there, with no AVX-512 register in its code,
+    the eager logits within the bound above. A machine with both runs its own, and the portable one without it."""
+    if not cpu_target.host_target(False).march == "x86-64-v4":
+        pytest.skip("needs an AVX-512 machine to stand in for a build host unlike the serving node")
+    copied = shutil.copytree(int4_engine, tmp_path / "engine")
+    code = f"""
+        import copy, torch
+        from builders.cpu_build import compile_decode_step
+        from cpu_engine import load_engine
+        from tests.test_compiled_step import _decode_inputs
+        print("before:", load_engine({str(copied)!r}).decode)
+        compile_decode_step({str(copied)!r}, portable=True)
+        loaded = load_engine({str(copied)!r})
+        print("after:", loaded.decode)
+        cache, tokens, positions, blocks = _decode_inputs(loaded, [5, 37, 100])
+        with torch.inference_mode():
+            eager = loaded.model(tokens, positions, blocks, copy.deepcopy(cache))
+            ours = loaded.model.compiled_decode(tokens, positions, blocks, cache)
+        print("error:", float(((ours - eager).abs() / eager.abs().amax(-1, keepdim=True)).max()))
+    """
+    done = run_python(code, {"ATEN_CPU_CAPABILITY": "avx2"})
+    assert done.returncode == 0, done.stderr
+    before, after, error = (next(line for line in done.stdout.splitlines() if line.startswith(key))
+                            for key in ("before: ", "after: ", "error: "))
+    assert before.startswith("before: eager: no compiled decode step built for this CPU"), before
+    assert "/x86-64-v3-" in after and after.startswith("after: compiled"), after
+    assert float(error.removeprefix("error: ")) <= 2 ** -7
+    own = load_engine(copied).model.compiled_decode.path
+    assert own.parent.name.startswith("x86-64-v4-") and _vector_registers(own) >= {"zmm"}
+    portable = next(own.parent.parent.glob(f"x86-64-v3-*/{compiled_step.PACKAGE}"))
+    assert "zmm" not in _vector_registers(portable) and "ymm" in _vector_registers(portable)
+    shutil.rmtree(own.parent)
+    assert load_engine(copied).model.compiled_decode.path == portable
 
 
 def test_a_package_of_other_code_is_never_loaded(int4_engine, tmp_path):
