@@ -193,22 +193,27 @@ def compile_decode_step(engine_dir: str | Path, portable: bool = False) -> list[
     if variant in compiled_step.NOT_COMPILED:
         raise ValueError(f"{variant} engines have no compiled decode step (their projections are a C++ op)")
     native.load(engine_dir)  # the package depends on whether the step can call them (else eager attention)
-    targets = [compiled_step.host_target(config)]
-    if portable and cpu_target.PORTABLE not in targets:
+    targets = [compiled_step.build_target(config)]
+    if not cpu_target.runs_here(targets[0].requirements()):  # a VM that hides flags its CPU model implies
+        log.warning("this machine lacks %s, which its own CPU target needs: its package will not load here",
+                    ", ".join(cpu_target.missing(targets[0].requirements())))
+    if portable and not cpu_target.X86:
+        print("--portable: x86-64 only; this machine's package is the only one", flush=True)
+    elif portable and cpu_target.PORTABLE not in targets:
         if not cpu_target.runs_here(cpu_target.LEVELS[cpu_target.PORTABLE.march]):
             raise ValueError(f"this machine cannot compile for {cpu_target.PORTABLE.march} (no AVX2)")
         targets.append(cpu_target.PORTABLE)
-    loaded, built = None, []
+    loaded, paths = None, []
     for target in targets:
-        if compiled_step.package_path(engine_dir, config, target).is_file():
-            built.append(compiled_step.package_path(engine_dir, config, target))
-            continue
-        if loaded is None:
-            print(f"compiling the decode step ahead of time (AOTInductor, ~1 min a CPU target) under "
-                  f"{compiled_step.package_root(engine_dir, config)}", flush=True)
-            loaded = load_engine(engine_dir)
-        built.append(compiled_step.build(loaded, target, engine_dir))
-    return built
+        path = compiled_step.package_path(engine_dir, config, target)
+        if not compiled_step.built(path):
+            if loaded is None:
+                print(f"compiling the decode step ahead of time (AOTInductor, ~1 min a CPU target) under "
+                      f"{compiled_step.package_root(engine_dir, config)}", flush=True)
+                loaded = load_engine(engine_dir)
+            path = compiled_step.build(loaded, target, engine_dir)
+        paths.append(path)
+    return paths
 
 
 def _compile_decode_step(engine_dir: Path) -> None:

@@ -19,8 +19,10 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -36,6 +38,8 @@ from .quant import QUANT_ALGOS, Int4Linear
 
 PACKAGE = "decode_step.pt2"
 TARGET_FILE = "target.json"  # the CPU target a package was compiled for, and the CPU flags it needs
+_TARGET_NAME = re.compile(r"(x86-64-v\d|native)-[0-9a-f]{8}")  # package_path's folders
+_SCRATCH = ".partial-"  # build()'s folder while it compiles
 EAGER_ENV = "LLM_CPU_DECODE"  # "eager": never load the compiled step (A/B runs)
 NOT_COMPILED = ("int8_sq",)  # variants whose step calls the engine's own C++ op (native.py)
 _SOURCES = ("model.py", "quant.py", "compiled_step.py", "cpu_target.py")
@@ -99,16 +103,22 @@ def package_root(engine_dir: str | Path, config: dict) -> Path:
     return Path(engine_dir) / "compiled" / digest.hexdigest()[:16]
 
 
-def host_target(config: dict) -> CpuTarget:
+def build_target(config: dict) -> CpuTarget:
     """This machine's target: int4_awq's projections on the engine's bf16 dot-product kernel where it runs here."""
     quant_algo = (config["pretrained_config"].get("quantization") or {}).get("quant_algo")
     return cpu_target.host_target(quant_algo == QUANT_ALGOS["int4_awq"] and native.int4_dot())
 
 
 def package_path(engine_dir: str | Path, config: dict, target: CpuTarget) -> Path:
-    """Where the package for ``target`` goes: a folder named by its x86-64 level and the CPU flags it needs."""
-    named = hashlib.sha256(json.dumps([target.requirements(), target.int4_dot]).encode()).hexdigest()[:8]
+    """Where the package for ``target`` goes: a folder named by its x86-64 level and a hash of the target and the
+    CPU flags it needs."""
+    named = hashlib.sha256(json.dumps([dataclasses.asdict(target), target.requirements()]).encode()).hexdigest()[:8]
     return package_root(engine_dir, config) / f"{target.march or 'native'}-{named}" / PACKAGE
+
+
+def built(path: Path) -> bool:
+    """A package and its CPU flags, both there (a folder only ever appears whole: build() renames it in)."""
+    return path.is_file() and (path.parent / TARGET_FILE).is_file()
 
 
 def max_rows(config: dict) -> int:
@@ -118,12 +128,9 @@ def max_rows(config: dict) -> int:
 
 def build(loaded, target: CpuTarget, engine_dir: str | Path) -> Path:
     """Export and compile the decode step of ``loaded`` (engine_dir.LoadedEngine; about a minute on 2 cores) for
-    ``target`` into its folder under package_root, with the CPU flags it needs beside it (``TARGET_FILE``); moved
-    into place only when complete. A package already there for the same target is kept; packages of older code or
-    torch are removed. Returns the package's path."""
+    ``target`` into its folder under package_root, with the CPU flags it needs beside it (``TARGET_FILE``), renamed
+    into place only when complete; packages of older code or torch are removed. Returns the package's path."""
     root, path = package_root(engine_dir, loaded.config), package_path(engine_dir, loaded.config, target)
-    if path.is_file():
-        return path
     args, block = loaded.model.args, 16  # any block size: the step gets cache rows, not blocks
     cache = KVCache(args, _EXAMPLE_KEYS // block + _EXAMPLE_ROWS + 1, block, loaded.compute_dtype, probe_blocks=0)
     caches = tuple(t for pair in cache.layers for t in pair)
@@ -138,7 +145,10 @@ def build(loaded, target: CpuTarget, engine_dir: str | Path) -> Path:
         program = torch.export.export(DecodeStep(loaded.model).eval(), (torch.zeros_like(positions), positions,
                                       writes, reads, *caches), dynamic_shapes=dynamic, strict=False)
     root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="decode-step-", dir=root))
+    for abandoned in root.glob(f"{_SCRATCH}*"):  # of builds killed mid-way; a live one's is younger
+        if time.time() - abandoned.stat().st_mtime > 3600:
+            shutil.rmtree(abandoned, ignore_errors=True)
+    scratch = Path(tempfile.mkdtemp(prefix=_SCRATCH, dir=root))
     try:
         with torch.no_grad():
             torch._inductor.aoti_compile_and_package(
@@ -147,8 +157,12 @@ def build(loaded, target: CpuTarget, engine_dir: str | Path) -> Path:
                                   **target.inductor_configs()})
         described = {**dataclasses.asdict(target), "requirements": target.requirements()}
         (scratch / TARGET_FILE).write_text(json.dumps(described, indent=2) + "\n")
-        shutil.rmtree(path.parent, ignore_errors=True)  # a half-written one of an interrupted build
-        os.replace(scratch, path.parent)
+        os.chmod(scratch, 0o755)  # mkdtemp's 0700 would hide it from a server running as another user
+        try:
+            os.replace(scratch, path.parent)
+        except OSError:
+            if not built(path):  # else a concurrent build of the same target got there first: keep its package
+                raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     for stale in root.parent.iterdir():
@@ -178,21 +192,27 @@ def find(engine_dir: str | Path, config: dict) -> tuple[Path | None, str]:
     """The package this process should run: among those for this code, torch and config, the one whose CPU flags
     this machine has, needing the most of them (the one built here before a portable one). Or None and why not."""
     root = package_root(engine_dir, config)
-    runnable = []
-    for described in sorted(root.glob(f"*/{TARGET_FILE}")):
-        try:
-            target = json.loads(described.read_text())
-            fits = cpu_target.runs_here(target["requirements"]) and (native.int4_dot() or not target["int4_dot"])
-        except (OSError, ValueError, KeyError, TypeError):  # unreadable: as if it were not there
+    runnable, unfit = [], []
+    for folder in sorted(root.iterdir() if root.is_dir() else ()):
+        if not (_TARGET_NAME.fullmatch(folder.name) and built(folder / PACKAGE)):
             continue
-        if fits and (described.parent / PACKAGE).is_file():
-            runnable.append((len(target["requirements"]), described.parent / PACKAGE))
+        try:
+            target = json.loads((folder / TARGET_FILE).read_text())
+            lacking = cpu_target.missing(target["requirements"])
+            if target["int4_dot"] and not native.int4_dot():
+                lacking.append("the int4 dot-product kernel (native.int4_dot())")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            unfit.append(f"{folder.name}: unreadable {TARGET_FILE} ({exc})")
+            continue
+        if lacking:
+            unfit.append(f"{folder.name} needs {', '.join(lacking)}")
+        else:
+            runnable.append((len(target["requirements"]), folder / PACKAGE))
     if runnable:
         return max(runnable)[1], ""
     command = f"python -m builders kernels --engine-dir {engine_dir} compiles it"
-    if root.is_dir() and any(root.iterdir()):
-        return None, (f"no compiled decode step built for this CPU under {root} (each package's {TARGET_FILE} "
-                      f"names the CPU flags it needs; {command})")
+    if unfit:
+        return None, f"no compiled decode step built for this CPU under {root} ({'; '.join(unfit)}; {command})"
     return None, f"no compiled decode step for this code and torch {torch.__version__} at {root} ({command})"
 
 

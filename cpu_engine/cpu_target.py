@@ -2,32 +2,33 @@
 
 Left to itself, inductor compiles with ``-march=native`` and the widest vector extensions of the build host, so a
 package built on one CPU can die of an illegal instruction on another: an image built on an AVX-512 machine, served
-on an AVX2-only node. So a package is compiled for a named x86-64 level (``x86-64-v4``: AVX-512 F/BW/CD/DQ/VL;
+on an AVX2-only node. So on x86-64 a package is compiled for a named level (``x86-64-v4``: AVX-512 F/BW/CD/DQ/VL;
 ``x86-64-v3``: AVX2, FMA) and inductor's vector extensions for it, and it records the CPU flags (as /proc/cpuinfo
 names them) that all of this needs. A process runs a package only where its CPU has every one of them, and prefers
 the one that needs the most; ``PORTABLE`` (x86-64-v3, ATen's int4 kernel) is the package an image carries for nodes
-unlike the machine that built it. Other machines (aarch64…) keep inductor's native target, and their packages need
-the very flags of the CPU that built them.
+unlike the machine that built it. Other machines (aarch64…) keep inductor's native target, and their packages run
+only on a CPU with exactly the flags of the one that built them (an SVE package is built for one vector length).
 
 torch's CPU capability (``ATEN_CPU_CAPABILITY`` lowers it) caps what counts as present, so that a process told to
-stay off AVX-512 runs no package that uses it."""
+stay off AVX-512 runs no package whose generated code uses it."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import platform
 from dataclasses import dataclass
 
 import torch
 
+X86 = platform.machine() in ("x86_64", "AMD64")
 # The x86-64 micro-architecture levels (the psABI's), in /proc/cpuinfo's names: lzcnt is "abm" there.
 _V2 = ("cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3")
 _V3 = (*_V2, "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")
 _V4 = (*_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
 LEVELS = {"x86-64-v2": _V2, "x86-64-v3": _V3, "x86-64-v4": _V4}
-# inductor's vector-extension compiler flags → cpuinfo's name, where the two differ by more than the leading "-m".
-_FLAG_NAMES = {"avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16",
-               "amx-tile": "amx_tile", "amx-bf16": "amx_bf16", "amx-int8": "amx_int8", "amx-fp16": "amx_fp16"}
+# inductor's vector-extension flags whose cpuinfo name is not the flag without "-m" ("-mamx-tile" is amx_tile).
+_FLAG_NAMES = {"avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16"}
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ PORTABLE = CpuTarget("x86-64-v3", 256, int4_dot=False)
 def host_target(int4_dot: bool) -> CpuTarget:
     """The target that gets the most out of this machine: its x86-64 level and vector width, from torch's
     capability."""
-    if platform.machine() not in ("x86_64", "AMD64"):
+    if not X86:
         return CpuTarget(None, None, int4_dot)
     capability = torch.backends.cpu.get_cpu_capability()
     if capability.startswith("AVX512"):
@@ -81,15 +82,25 @@ def host_target(int4_dot: bool) -> CpuTarget:
 
 @functools.cache
 def host_flags() -> frozenset[str]:
-    """This CPU's flags (/proc/cpuinfo), without the vector extensions above torch's capability. Empty where they
-    cannot be read: then no package runs."""
+    """This CPU's flags (/proc/cpuinfo) within torch's capability. Empty where they cannot be read: then no
+    package runs."""
     try:
         with open("/proc/cpuinfo") as info:
-            line = next((row for row in info if row.startswith(("flags", "Features"))), "")
+            text = info.read()
     except OSError:
         return frozenset()
+    return parse_flags(text, torch.backends.cpu.get_cpu_capability(), X86)
+
+
+def parse_flags(cpuinfo: str, capability: str, x86: bool) -> frozenset[str]:
+    """The first processor's flags, without the vector extensions above ``capability``; elsewhere than x86 also a
+    token of the whole set, so that a native package needs the very flags of the CPU that built it."""
+    line = next((row for row in cpuinfo.splitlines() if row.startswith(("flags", "Features"))), "")
     flags = set(line.partition(":")[2].split())
-    capability = torch.backends.cpu.get_cpu_capability()
+    if not flags:
+        return frozenset()
+    if not x86:
+        return frozenset({*flags, "exactly:" + hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]})
     if not capability.startswith("AVX512"):
         flags = {f for f in flags if not f.startswith(("avx512", "amx"))}
         if capability != "AVX2":
@@ -97,5 +108,11 @@ def host_flags() -> frozenset[str]:
     return frozenset(flags)
 
 
+def missing(requirements: tuple[str, ...] | list[str]) -> list[str]:
+    """What of ``requirements`` this CPU lacks (all of them where its flags cannot be read)."""
+    have = host_flags()
+    return sorted(f for f in requirements if f not in have) if have else ["(no CPU flags readable)"]
+
+
 def runs_here(requirements: tuple[str, ...] | list[str]) -> bool:
-    return bool(requirements) and set(requirements) <= host_flags()
+    return bool(requirements) and not missing(requirements)

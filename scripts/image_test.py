@@ -11,9 +11,9 @@ SDK against serving/openai):
              stopped (SIGSTOP) -> 503 within its deadline while Triton's /v2/health/live stays 200; SIGCONT -> 200
              again, or tritonserver aborted and the container exited non-zero (what a restart policy restarts)
   cold       container create -> ready over HTTP, N starts (default 3), with the parts from the logs
-  cpu        the engine loaded in the image decodes with its compiled step on this machine's CPU, and, kept off
-             AVX-512 (ATEN_CPU_CAPABILITY=avx2: an AVX2-only node), with the portable x86-64-v3 one, never the
-             AVX-512 package (cpu_engine/cpu_target.py)
+  cpu        the engine loaded in the image decodes with its compiled step on this machine's CPU, and, with torch's
+             capability lowered to AVX2 (ATEN_CPU_CAPABILITY=avx2, standing in for an AVX2-only node), with the
+             portable x86-64-v3 package, never the AVX-512 one (cpu_engine/cpu_target.py)
   helm       tests/test_helm_live.py with the chart's containers run from this image (TRITON_LLM_IMAGE)
 
     python scripts/image_test.py [--image triton-llm-stack:cpu] [--starts 3] [--only serve,drain,liveness,cold,cpu,helm]
@@ -199,8 +199,8 @@ _DECODE = ("from builders.profile import ServingProfile; from cpu_engine import 
 
 
 def check_cpu_targets(image: str, results: dict) -> None:
-    """Which compiled step the image's engine loads here, and on an AVX2-only node (stood in for by torch's
-    capability lowered to AVX2, which also keeps the engine off its AVX-512 kernels)."""
+    """Which compiled step the image's engine loads here, and on an AVX2-only node, stood in for by torch's
+    capability lowered to AVX2 (the engine's own C++ kernels still pick AVX-512 by cpuid: they check at run time)."""
     checks = results.setdefault("cpu", {})
     for name, env in (("this machine", []), ("avx2 node", ["-e", "ATEN_CPU_CAPABILITY=avx2"])):
         done = sh("run", "--rm", *run_args(), *env, "--entrypoint", "python3", image, "-c", _DECODE, timeout=180)

@@ -44,12 +44,9 @@ def test_engine_build_compiles_the_step_without_its_weights(int4_engine):
     compiled = loaded.model.compiled_decode
     assert compiled is not None and loaded.decode == f"compiled ({compiled.path})"
     assert compiled.path.parent.parent.parent == int4_engine / "compiled"
-    # Compiled for this machine's x86-64 level, not -march=native, and needing only flags this CPU has.
+    # Compiled for this machine's CPU target (its x86-64 level, not -march=native), needing flags this CPU has.
     target = json.loads((compiled.path.parent / compiled_step.TARGET_FILE).read_text())
-    assert target["march"] == cpu_target.host_target(False).march
-    assert cpu_target.runs_here(target["requirements"]) and set(cpu_target.LEVELS[target["march"]]) <= \
-        set(target["requirements"])
-    assert compiled.max_rows == loaded.build_config["max_batch_size"] + 1 == 5  # a full batch and a liveness probe
+    assert target["march"] == cpu_target.host_target(False).march and cpu_target.runs_here(target["requirements"])
     # No weights in the package: it reads the model's own tensors, in place.
     down_proj = loaded.model.layers[0].mlp.down_proj
     scales_zeros = down_proj.dot_scales_zeros if down_proj.dot else down_proj.scales_zeros  # the decode kernel's
@@ -129,41 +126,93 @@ def _vector_registers(package) -> set[str]:
 
 
 def test_a_package_runs_only_on_a_cpu_with_what_it_was_compiled_for(int4_engine, tmp_path):
-    """A process kept off AVX-512 (ATEN_CPU_CAPABILITY=avx2: what an AVX2-only node is) does not run the package of
-    an AVX-512 machine, which would die of an illegal instruction there; it decodes eager and says why. The
-    portable package (``builders kernels --portable``, x86-64-v3) runs there, with no AVX-512 register in its code,
-    the eager logits within the bound above. A machine with both runs its own, and the portable one without it."""
-    if not cpu_target.host_target(False).march == "x86-64-v4":
+    """A process kept off AVX-512 (ATEN_CPU_CAPABILITY=avx2, standing in for an AVX2-only node) does not run the
+    package of an AVX-512 machine, which would die of an illegal instruction there: it decodes eager and says what
+    its CPU lacks. ``--portable`` (what ``make image`` runs), here on the AVX-512 machine, adds the x86-64-v3
+    package: ATen's int4 kernel, no AVX-512 register in its code. That one runs on the AVX2 node, with the eager
+    logits within the bound above; the AVX-512 machine keeps its own, and takes the portable one without it."""
+    if cpu_target.host_target(False).march != "x86-64-v4":
         pytest.skip("needs an AVX-512 machine to stand in for a build host unlike the serving node")
     copied = shutil.copytree(int4_engine, tmp_path / "engine")
-    code = f"""
+    on_avx2_node = f"""
         import copy, torch
-        from builders.cpu_build import compile_decode_step
         from cpu_engine import load_engine
         from tests.test_compiled_step import _decode_inputs
-        print("before:", load_engine({str(copied)!r}).decode)
-        compile_decode_step({str(copied)!r}, portable=True)
         loaded = load_engine({str(copied)!r})
-        print("after:", loaded.decode)
-        cache, tokens, positions, blocks = _decode_inputs(loaded, [5, 37, 100])
-        with torch.inference_mode():
-            eager = loaded.model(tokens, positions, blocks, copy.deepcopy(cache))
-            ours = loaded.model.compiled_decode(tokens, positions, blocks, cache)
-        print("error:", float(((ours - eager).abs() / eager.abs().amax(-1, keepdim=True)).max()))
+        print("decode:", loaded.decode)
+        if loaded.model.compiled_decode is not None:
+            cache, tokens, positions, blocks = _decode_inputs(loaded, [5, 37, 100])
+            with torch.inference_mode():
+                eager = loaded.model(tokens, positions, blocks, copy.deepcopy(cache))
+                ours = loaded.model.compiled_decode(tokens, positions, blocks, cache)
+            print("error:", float(((ours - eager).abs() / eager.abs().amax(-1, keepdim=True)).max()))
     """
-    done = run_python(code, {"ATEN_CPU_CAPABILITY": "avx2"})
-    assert done.returncode == 0, done.stderr
-    before, after, error = (next(line for line in done.stdout.splitlines() if line.startswith(key))
-                            for key in ("before: ", "after: ", "error: "))
-    assert before.startswith("before: eager: no compiled decode step built for this CPU"), before
-    assert "/x86-64-v3-" in after and after.startswith("after: compiled"), after
-    assert float(error.removeprefix("error: ")) <= 2 ** -7
-    own = load_engine(copied).model.compiled_decode.path
-    assert own.parent.name.startswith("x86-64-v4-") and _vector_registers(own) >= {"zmm"}
-    portable = next(own.parent.parent.glob(f"x86-64-v3-*/{compiled_step.PACKAGE}"))
-    assert "zmm" not in _vector_registers(portable) and "ymm" in _vector_registers(portable)
+
+    def avx2_node() -> dict[str, str]:
+        done = run_python(on_avx2_node, {"ATEN_CPU_CAPABILITY": "avx2"})
+        assert done.returncode == 0, done.stderr
+        return dict(line.split(": ", 1) for line in done.stdout.splitlines() if line.startswith(("decode", "error")))
+
+    before = avx2_node()["decode"]
+    assert before.startswith("eager: no compiled decode step built for this CPU") and "needs avx512" in before, before
+    from builders.cpu_build import compile_decode_step
+
+    own, portable = compile_decode_step(copied, portable=True)
+    assert own == load_engine(copied).model.compiled_decode.path and own.parent.name.startswith("x86-64-v4-")
+    assert portable.parent.name.startswith("x86-64-v3-") and portable.parent.parent == own.parent.parent
+    assert not json.loads((portable.parent / compiled_step.TARGET_FILE).read_text())["int4_dot"]
+    assert "zmm" in _vector_registers(own) and _vector_registers(portable) == {"xmm", "ymm"}
+    after = avx2_node()
+    assert after["decode"] == f"compiled ({portable})", after
+    assert float(after["error"]) <= 2 ** -7
     shutil.rmtree(own.parent)
     assert load_engine(copied).model.compiled_decode.path == portable
+
+
+def test_only_whole_packages_for_this_cpu_are_candidates(tmp_path, monkeypatch):
+    """find() over package folders as a build leaves them: the runnable one needing the most flags wins; a folder
+    without its target.json, an unreadable one, a build's scratch folder and a package for flags this CPU lacks
+    are passed over, and the warning names what each lacks."""
+    config = {"pretrained_config": {}, "build_config": {}}
+    root = compiled_step.package_root(tmp_path, config)
+    monkeypatch.setattr(cpu_target, "host_flags", lambda: frozenset({"avx", "avx2", "fma"}))
+    monkeypatch.setattr(compiled_step.native, "int4_dot", lambda: False)
+
+    def package(name: str, requirements: list[str] | None, int4_dot: bool = False, text: str | None = None) -> None:
+        (root / name).mkdir(parents=True)
+        (root / name / compiled_step.PACKAGE).write_bytes(b"")
+        if requirements is not None or text is not None:
+            described = text or json.dumps({"requirements": requirements, "int4_dot": int4_dot})
+            (root / name / compiled_step.TARGET_FILE).write_text(described)
+
+    package("x86-64-v3-00000001", ["avx", "avx2"])
+    package("x86-64-v3-00000002", ["avx", "avx2", "fma"])
+    package("x86-64-v4-00000003", ["avx2", "avx512f"])
+    package("x86-64-v3-00000004", ["avx", "avx2", "fma"], int4_dot=True)
+    package("x86-64-v3-00000005", None)
+    package("x86-64-v3-00000006", None, text="{not json")
+    package(".partial-abc", ["avx", "avx2", "fma"])
+    found, why = compiled_step.find(tmp_path, config)
+    assert found == root / "x86-64-v3-00000002" / compiled_step.PACKAGE and why == ""
+    for name in ("00000001", "00000002"):
+        shutil.rmtree(root / f"x86-64-v3-{name}")
+    found, why = compiled_step.find(tmp_path, config)
+    assert found is None and "x86-64-v4-00000003 needs avx512f" in why and "int4 dot-product kernel" in why
+    assert "x86-64-v3-00000006: unreadable" in why and ".partial" not in why and "00000005" not in why
+
+
+def test_cpu_flags_are_capped_by_torchs_capability():
+    """An AVX-512 CPU whose process runs torch at AVX2 offers only what AVX2 code may use; elsewhere than x86 a
+    package needs the very flags it was built with (a token of the whole set)."""
+    line = "flags\t\t: fpu sse4_2 avx avx2 fma f16c avx512f avx512bw avx512_vnni amx_tile\n"
+    assert {"avx512f", "amx_tile"} <= cpu_target.parse_flags(line, "AVX512", x86=True)
+    capped = cpu_target.parse_flags(line, "AVX2", x86=True)
+    assert {"avx2", "fma"} <= capped and not {f for f in capped if f.startswith(("avx512", "amx"))}
+    assert not {"avx", "avx2"} & cpu_target.parse_flags(line, "DEFAULT", x86=True)
+    graviton = cpu_target.parse_flags("Features\t: fp asimd sve\n", "DEFAULT", x86=False)
+    wider = cpu_target.parse_flags("Features\t: fp asimd sve sve2\n", "DEFAULT", x86=False)
+    assert {"fp", "asimd", "sve"} < graviton and not graviton <= wider
+    assert cpu_target.parse_flags("processor : 0\n", "AVX2", x86=True) == frozenset()
 
 
 def test_a_package_of_other_code_is_never_loaded(int4_engine, tmp_path):
