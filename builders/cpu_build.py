@@ -210,7 +210,7 @@ def compile_decode_step(engine_dir: str | Path, portable: bool = False) -> list[
             if loaded is None:
                 print(f"compiling the decode step ahead of time (AOTInductor, ~1 min a CPU target) under "
                       f"{compiled_step.package_root(engine_dir, config)}", flush=True)
-                loaded = load_engine(engine_dir)
+                loaded = load_engine(engine_dir, compiled_decode=False)
             path = compiled_step.build(loaded, target, engine_dir)
         paths.append(path)
     return paths

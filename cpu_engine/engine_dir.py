@@ -56,12 +56,14 @@ def engine_variant(config: dict) -> str | None:
     return VARIANT_OF_QUANT_ALGO.get(quant_algo)
 
 
-def load_engine(engine_dir: str | Path) -> LoadedEngine:
+def load_engine(engine_dir: str | Path, compiled_decode: bool = True) -> LoadedEngine:
+    """``compiled_decode=False``: without the compiled decode step, and without a warning that it is not there (the
+    builder that compiles it loads the engine first)."""
     # Off the caller's thread: an OpenMP pool left on it would slow the engine thread (cpu_engine/threads.py).
-    return on_scratch_thread(_load_engine, engine_dir)
+    return on_scratch_thread(_load_engine, engine_dir, compiled_decode)
 
 
-def _load_engine(engine_dir: str | Path) -> LoadedEngine:
+def _load_engine(engine_dir: str | Path, compiled_decode: bool) -> LoadedEngine:
     start = time.perf_counter()
     memory.bound_kernel_caches()
     config = read_config(engine_dir)
@@ -99,8 +101,11 @@ def _load_engine(engine_dir: str | Path) -> LoadedEngine:
     # Loading frees the file's tensors and the repacking's temporaries (RSS after loading int4_awq 735 → 450 MB).
     memory.return_freed_memory()
     kernels = native.describe() if native_kernels else "eager"
-    decode = "eager: int8_sq's projections are a C++ op"
-    if variant not in compiled_step.NOT_COMPILED:
+    if variant in compiled_step.NOT_COMPILED:
+        decode = "eager: int8_sq's projections are a C++ op"
+    elif not compiled_decode:
+        decode = "eager: loaded without the compiled step"
+    else:
         model.compiled_decode, why_not = compiled_step.load(engine_dir, config, model)
         decode = f"compiled ({model.compiled_decode.path})" if model.compiled_decode else f"eager: {why_not}"
         if why_not:

@@ -87,6 +87,10 @@ def test_missing_or_disabled_package_runs_eager_and_says_why(int4_engine, tmp_pa
     assert loaded.model.compiled_decode is None
     assert loaded.decode.startswith("eager: no compiled decode step") and "builders kernels" in loaded.decode
     assert "decode steps run eager" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cpu_engine.engine_dir"):  # as the builder that compiles it loads
+        assert load_engine(copied, compiled_decode=False).decode == "eager: loaded without the compiled step"
+    assert "decode steps run eager" not in caplog.text
     monkeypatch.setenv(compiled_step.EAGER_ENV, "eager")
     assert load_engine(int4_engine).decode == f"eager: {compiled_step.EAGER_ENV}=eager"
 
