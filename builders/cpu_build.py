@@ -210,8 +210,10 @@ def compile_decode_step(engine_dir: str | Path, portable: bool = False) -> list[
             if loaded is None:
                 print(f"compiling the decode step ahead of time (AOTInductor, ~1 min a CPU target) under "
                       f"{compiled_step.package_root(engine_dir, config)}", flush=True)
-                loaded = load_engine(engine_dir, compiled_decode=False)
-            path = compiled_step.build(loaded, target, engine_dir)
+            # A portable package calls ATen's int4 kernel: the engine loaded with that layout to trace it.
+            if loaded is None or loaded[0] != target.int4_dot:
+                loaded = (target.int4_dot, load_engine(engine_dir, compiled_decode=False, int4_dot=target.int4_dot))
+            path = compiled_step.build(loaded[1], target, engine_dir)
         paths.append(path)
     return paths
 

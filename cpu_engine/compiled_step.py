@@ -13,7 +13,6 @@ projections are the engine's own C++ op."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -141,7 +140,10 @@ def build(loaded, target: CpuTarget, engine_dir: str | Path) -> Path:
     keys = torch.export.Dim("keys", min=1, max=loaded.build_config["max_seq_len"])
     cache_rows = torch.export.Dim("cache_rows", min=block, max=1 << 30)
     dynamic = ({0: rows}, {0: rows}, {0: rows}, {0: rows, 1: keys}, tuple({0: cache_rows} for _ in caches))
-    with torch.no_grad(), _int4_kernel(loaded.model, target.int4_dot):
+    if any(isinstance(m, Int4Linear) and m.dot for m in loaded.model.modules()) != target.int4_dot:
+        raise ValueError(f"the engine was loaded with the other int4 layout than {target} wants "
+                         f"(load_engine(int4_dot=...))")
+    with torch.no_grad():
         program = torch.export.export(DecodeStep(loaded.model).eval(), (torch.zeros_like(positions), positions,
                                       writes, reads, *caches), dynamic_shapes=dynamic, strict=False)
     root.mkdir(parents=True, exist_ok=True)
@@ -171,27 +173,11 @@ def build(loaded, target: CpuTarget, engine_dir: str | Path) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def _int4_kernel(model: Transformer, dot: bool):
-    """int4 projections traced through the engine's bf16 dot-product kernel (``dot``) or ATen's: a portable
-    package must not call the former, which needs AVX512-BF16."""
-    modules = [m for m in model.modules() if isinstance(m, Int4Linear)]
-    if dot and not any(m.dot for m in modules):
-        raise ValueError("this process does not run the int4 dot-product kernel (native.int4_dot())")
-    kept = [m for m in modules if m.dot and not dot]
-    for m in kept:
-        m.dot = False
-    try:
-        yield
-    finally:
-        for m in kept:
-            m.dot = True
-
-
 def find(engine_dir: str | Path, config: dict) -> tuple[Path | None, str]:
     """The package this process should run: among those for this code, torch and config, the one whose CPU flags
     this machine has, needing the most of them (the one built here before a portable one). Or None and why not."""
     root = package_root(engine_dir, config)
+    int4_dot = build_target(config).int4_dot  # the layout load_engine gives int4_awq here (quant.Int4Linear)
     runnable, unfit = [], []
     for folder in sorted(root.iterdir() if root.is_dir() else ()):
         if not (_TARGET_NAME.fullmatch(folder.name) and built(folder / PACKAGE)):
@@ -199,8 +185,10 @@ def find(engine_dir: str | Path, config: dict) -> tuple[Path | None, str]:
         try:
             target = json.loads((folder / TARGET_FILE).read_text())
             lacking = cpu_target.missing(target["requirements"])
-            if target["int4_dot"] and not native.int4_dot():
+            if target["int4_dot"] and not int4_dot:
                 lacking.append("the int4 dot-product kernel (native.int4_dot())")
+            elif int4_dot and not target["int4_dot"]:
+                lacking.append("ATen's int4 layout, which this process does not load (native.int4_dot())")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             unfit.append(f"{folder.name}: unreadable {TARGET_FILE} ({exc})")
             continue

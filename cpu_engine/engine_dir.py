@@ -56,14 +56,15 @@ def engine_variant(config: dict) -> str | None:
     return VARIANT_OF_QUANT_ALGO.get(quant_algo)
 
 
-def load_engine(engine_dir: str | Path, compiled_decode: bool = True) -> LoadedEngine:
+def load_engine(engine_dir: str | Path, compiled_decode: bool = True, int4_dot: bool = True) -> LoadedEngine:
     """``compiled_decode=False``: without the compiled decode step, and without a warning that it is not there (the
-    builder that compiles it loads the engine first)."""
+    builder that compiles it loads the engine first). ``int4_dot=False``: int4_awq in ATen's layout even where the
+    engine's int4 kernels run (the builder of a package for CPUs without them)."""
     # Off the caller's thread: an OpenMP pool left on it would slow the engine thread (cpu_engine/threads.py).
-    return on_scratch_thread(_load_engine, engine_dir, compiled_decode)
+    return on_scratch_thread(_load_engine, engine_dir, compiled_decode, int4_dot)
 
 
-def _load_engine(engine_dir: str | Path, compiled_decode: bool) -> LoadedEngine:
+def _load_engine(engine_dir: str | Path, compiled_decode: bool, int4_dot: bool) -> LoadedEngine:
     start = time.perf_counter()
     memory.bound_kernel_caches()
     config = read_config(engine_dir)
@@ -96,7 +97,7 @@ def _load_engine(engine_dir: str | Path, compiled_decode: bool) -> LoadedEngine:
     native_kernels = why_not is None
     if why_not:
         log.warning("the C++ kernels are not loaded; their callers run eager PyTorch, slower: %s", why_not)
-    prepare_for_cpu(model, variant, dtype, native_kernels)
+    prepare_for_cpu(model, variant, dtype, native_kernels, int4_dot)
     del state
     # Loading frees the file's tensors and the repacking's temporaries (RSS after loading int4_awq 735 → 450 MB).
     memory.return_freed_memory()

@@ -10,9 +10,9 @@
 
 ¹ Prompt chunks of ≥ ``INT8_DEQUANT_ROWS`` rows: the weight dequantised to bf16 for one GEMM.
 ² Quantisation, GEMM and rescale in one C++ kernel (``cpu_engine/kernels/int8_linear.cpp``) where it is built.
-³ Decode steps on the engine's C++ kernel (``cpu_engine/kernels/int4_linear.cpp``) where it is built and the CPU has
-  AVX512-BF16: exact products of bf16 activations and q - 8, scale and zero applied per group, 2x ATen's float32
-  kernel at 16 rows; prompt steps, and decode steps elsewhere, on ``torch._weight_int4pack_mm_for_cpu``.
+³ Where the engine's C++ kernels are built and the CPU has AVX512-BF16, both steps on them, from one layout
+  (``cpu_engine/kernels/int4_linear.cpp``): decode steps on exact products of bf16 activations and q - 8, scale and
+  zero applied per group, 2x ATen's float32 kernel at 16 rows; prompt steps on ATen's float32 numbers, bit for bit.
 
 The engine file keeps Hugging Face's per-projection tensors; at load q/k/v and gate/up are concatenated into one
 projection each (``fuse_projections``: 4 kernel calls per layer instead of 7), and the quantised variants also
@@ -208,17 +208,16 @@ def int4_group_dequantise(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
 
 class Int4Linear(nn.Module):
     """W4A16: the file holds two uint4 per byte (``qweight`` [N, K / 2], low nibble first) and per-group scales and
-    zeros [N, K / g]; ``pack()`` turns them into the kernels' layouts once, at load.
+    zeros [N, K / g]; ``pack()`` turns them into one kernel layout, once, at load.
 
-    Prompt steps ([B, T > 1, K]; the engine never runs one of width 1) always run ATen's int4 kernel
-    (``_weight_int4pack_mm_for_cpu``, float32 FMAs), whatever their rows, so a prompt's logits do not depend on how
-    much of it a prefix-cache hit left to compute. Decode steps ([B, 1, K], eager or compiled) run the engine's C++
-    kernel where it is loaded and the CPU has AVX512-BF16 (``dot``, kernels/int4_linear.cpp: bf16 dot products; 30
-    layers' projections at 16 rows 20.7 → 10.4 ms, 1 row 3.6 → 2.4 ms on Zen 4), whose outputs equal ATen's up to
-    float32 rounding order. Not prompt steps too (256 rows 327 → 152 ms): that order changes the default model's
-    first answer token where it is a near tie ("What is the capital of France?": "The" 0.125 ahead of "L'" on
-    ATen's kernel, level with it on this one), and the first token comes from the prompt step. The price is a second
-    copy of the int4 weights (the decode kernel's layout), ~0.53 bytes a weight."""
+    Where the engine's C++ kernels are loaded and the CPU has AVX512-BF16 (``dot``), the layout is theirs
+    (kernels/int4_linear.cpp). Decode steps ([B, 1, K], eager or compiled) run its bf16 dot products (30 layers'
+    projections at 16 rows 20.7 → 10.4 ms, 1 row 3.6 → 2.4 ms on Zen 4); prompt steps ([B, T > 1, K]; the engine
+    never runs one of width 1) its float32 kernel, which gives ATen's int4 kernel's numbers bit for bit. Not the dot
+    products there: their float32 rounding order changes the default model's first answer token where it is a near
+    tie ("What is the capital of France?": "The" 0.125 ahead of "L'" on ATen's numbers, level on the dot products),
+    and the first token comes from the prompt step. Elsewhere, ATen's layout and kernel
+    (``_weight_int4pack_mm_for_cpu``) for both."""
 
     def __init__(self, in_features: int, out_features: int, group_size: int):
         super().__init__()
@@ -240,32 +239,34 @@ class Int4Linear(nn.Module):
         return torch.stack((self.qweight & 15, self.qweight >> 4), dim=-1).reshape(self.qweight.shape[0], -1)
 
     def pack(self, dot: bool) -> None:
-        """The kernels' layouts replace the file's. ``dot``: decode steps on the engine's C++ kernel (loaded, and the
-        CPU has AVX512-BF16: native.int4_dot())."""
+        """The kernels' layout replaces the file's. ``dot``: the engine's C++ kernels' (loaded, and the CPU has
+        AVX512-BF16: native.int4_dot())."""
         q = self._unpacked()
-        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q.int(), 1))
-        self.register_buffer("scales_zeros", torch.stack((self.scales.T, self.zeros.T), dim=-1).contiguous())
-        if dot:
+        if dot:  # named apart from ATen's, so a package traced for one layout never runs on the other
             packed, scales_zeros = torch.ops.llm_cpu.int4_pack(q, self.scales, self.zeros, self.group_size)
             self.register_buffer("dot_packed", packed)
             self.register_buffer("dot_scales_zeros", scales_zeros)
+        else:
+            self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q.int(), 1))
+            self.register_buffer("scales_zeros", torch.stack((self.scales.T, self.zeros.T), dim=-1).contiguous())
         self.dot = dot
         del self.qweight, self.scales, self.zeros
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        prompt = x.dim() == 3 and x.shape[1] > 1
-        if self.dot and not prompt:
+        if not self.dot:
+            out = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_zeros)
+        elif x.dim() == 3 and x.shape[1] > 1:  # a prompt step: ATen's numbers
+            out = torch.ops.llm_cpu.int4_linear_f32(rows, self.dot_packed, self.dot_scales_zeros, self.group_size,
+                                                    self.out_features)
+        else:
             out = torch.ops.llm_cpu.int4_linear(rows, self.dot_packed, self.dot_scales_zeros, self.group_size,
                                                 self.out_features)
-        else:
-            out = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_zeros)
         return out.view(*x.shape[:-1], -1).to(x.dtype)
 
     def dequantised(self) -> torch.Tensor:
-        """Through ATen's kernel (a prompt step's): the identity times Wᵀ."""
-        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
-        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_zeros).T.float()
+        """Through a prompt step's kernel: the identity times Wᵀ."""
+        return self(torch.eye(self.in_features, dtype=torch.bfloat16)[None])[0].T.float()
 
 
 def fp8_quantise(weight: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -294,18 +295,19 @@ def swap_linears(model: Transformer, variant: str, group_size: int | None = None
         _replace(model, name, make(linear.in_features, linear.out_features))
 
 
-def prepare_for_cpu(model: Transformer, variant: str | None, dtype: torch.dtype, native_kernels: bool = False) -> None:
+def prepare_for_cpu(model: Transformer, variant: str | None, dtype: torch.dtype, native_kernels: bool = False,
+                    int4_dot: bool = True) -> None:
     """After loading: the layouts the CPU kernels want. A weight-quantised variant's ``lm_head`` becomes int8
     (113 MB fp32 / 56 MB bf16 → 28 MB read per step), int8_sq's as W8A8 without smoothing; fp32 linears become
     ``SplitLinear``; int4 weights are packed; W8A8 linears use the C++ kernel when ``native_kernels``
-    (cpu_engine/native.py loaded it), and so do int4 linears where the CPU has AVX512-BF16."""
+    (cpu_engine/native.py loaded it), and so do int4 linears where the CPU has AVX512-BF16, unless not ``int4_dot``."""
     if variant in ("int8_wo", "int4_awq"):
         tied = model.lm_head.weight is model.embed_tokens.weight and model.lm_head.weight.dtype == torch.bfloat16
         model.lm_head = Int8Head.from_weight(model.lm_head.weight.detach())
         model.lm_head.tied = model.embed_tokens.weight.detach() if tied else None
     elif variant == "int8_sq":  # W8A8 like its projections: 16 rows 9.5 → 3.2 ms, 1 row 0.8 → 0.4 ms
         model.lm_head = SmoothQuantLinear.from_weight(model.lm_head.weight.detach())
-    int4_dot = native_kernels and native.int4_dot()
+    int4_dot = int4_dot and native_kernels and native.int4_dot()
     for name, m in list(model.named_modules()):
         if isinstance(m, nn.Linear) and dtype == torch.float32:
             _replace(model, name, SplitLinear(m.weight.detach()))

@@ -14,7 +14,7 @@ import tempfile
 import pytest
 import torch
 
-from cpu_engine import compiled_step, cpu_target, load_engine
+from cpu_engine import compiled_step, cpu_target, load_engine, native
 from cpu_engine.kv_cache import KVCache
 from tests.test_native_kernels import run_python
 
@@ -134,7 +134,8 @@ def test_a_package_runs_only_on_a_cpu_with_what_it_was_compiled_for(int4_engine,
     package of an AVX-512 machine, which would die of an illegal instruction there: it decodes eager and says what
     its CPU lacks. ``--portable`` (what ``make image`` runs), here on the AVX-512 machine, adds the x86-64-v3
     package: ATen's int4 kernel, no AVX-512 register in its code. That one runs on the AVX2 node, with the eager
-    logits within the bound above; the AVX-512 machine keeps its own, and takes the portable one without it."""
+    logits within the bound above; the AVX-512 machine keeps its own. Without it, it takes the portable one only where
+    int4 runs on ATen's kernel: the portable package calls that kernel, on its layout."""
     if cpu_target.host_target(False).march != "x86-64-v4":
         pytest.skip("needs an AVX-512 machine to stand in for a build host unlike the serving node")
     copied = shutil.copytree(int4_engine, tmp_path / "engine")
@@ -170,7 +171,11 @@ def test_a_package_runs_only_on_a_cpu_with_what_it_was_compiled_for(int4_engine,
     assert after["decode"] == f"compiled ({portable})", after
     assert float(after["error"]) <= 2 ** -7
     shutil.rmtree(own.parent)
-    assert load_engine(copied).model.compiled_decode.path == portable
+    without_own = load_engine(copied)
+    if native.int4_dot():  # the portable package calls ATen's int4 kernel, whose layout this process does not hold
+        assert without_own.model.compiled_decode is None and "needs ATen's int4 layout" in without_own.decode
+    else:
+        assert without_own.model.compiled_decode.path == portable
 
 
 def test_only_whole_packages_for_this_cpu_are_candidates(tmp_path, monkeypatch):
@@ -203,6 +208,17 @@ def test_only_whole_packages_for_this_cpu_are_candidates(tmp_path, monkeypatch):
     found, why = compiled_step.find(tmp_path, config)
     assert found is None and "x86-64-v4-00000003 needs avx512f" in why and "int4 dot-product kernel" in why
     assert "x86-64-v3-00000006: unreadable" in why and ".partial" not in why and "00000005" not in why
+    # An int4_awq engine where the dot-product kernel runs holds only its layout: ATen's packages are unfit.
+    int4 = {"pretrained_config": {"quantization": {"quant_algo": "W4A16_AWQ"}}, "build_config": {}}
+    monkeypatch.setattr(compiled_step.native, "int4_dot", lambda: True)
+    monkeypatch.setattr(cpu_target, "host_flags", lambda: frozenset({"avx", "avx2", "fma", "avx512_bf16"}))
+    root = compiled_step.package_root(tmp_path, int4)
+    package("x86-64-v3-00000007", ["avx", "avx2", "fma"])
+    package("x86-64-v3-00000008", ["avx", "avx2", "fma", "avx512_bf16"], int4_dot=True)
+    assert compiled_step.find(tmp_path, int4) == (root / "x86-64-v3-00000008" / compiled_step.PACKAGE, "")
+    shutil.rmtree(root / "x86-64-v3-00000008")
+    found, why = compiled_step.find(tmp_path, int4)
+    assert found is None and "x86-64-v3-00000007 needs ATen's int4 layout" in why, why
 
 
 def test_cpu_flags_are_capped_by_torchs_capability():

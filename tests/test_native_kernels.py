@@ -138,8 +138,10 @@ def test_int4_linear_equals_atens_int4_kernel(int8_sq_engine, isa):
     counts (208 and 80 rows: 13 and 5 blocks of 16), one block, 3 group sizes, and row counts
     around the kernel's 6-row tile. Both compute in float32 and round to bf16, in other orders: the outputs may
     differ by one bf16 rounding where float32's last bits straddle it, and both stay within that of the exact
-    product. Prompt steps ([1, T > 1, K]) run ATen's kernel: bit for bit its numbers. Without AVX-512 (``LLM_CPU_KERNELS_ISA=scalar``, or a CPU without AVX512-BF16) the engine keeps ATen's
-    kernel, and the op says why it cannot run."""
+    product. Prompt steps ([1, T > 1, K]) run the float32 kernel on the same layout: bit for bit ATen's numbers,
+    with a few rows (weights dequantised in registers) and more (a block's weights dequantised once). The module then
+    holds that one layout, not ATen's too. Without AVX-512 (``LLM_CPU_KERNELS_ISA=scalar``, or a CPU without
+    AVX512-BF16) the engine keeps ATen's kernel, and the op says why it cannot run."""
     code = f"""
         import torch
         from cpu_engine import native
@@ -164,13 +166,14 @@ def test_int4_linear_equals_atens_int4_kernel(int8_sq_engine, isa):
                 linear.load_state_dict(state)
                 q = linear._unpacked()
                 linear.pack(use_dot)
+            assert {{n for n, _ in dot.named_buffers()}} == {{"dot_packed", "dot_scales_zeros"}}
             exact = int4_group_dequantise(q, state["scales"], state["zeros"]).double()  # (q - 8) * scale + zero
-            for rows in (1, 5, 6, 7, 16, 27):
+            for rows in (1, 5, 6, 7, 8, 9, 16, 27, 64):
                 x = torch.randn(rows, in_f).to(torch.bfloat16)
                 got, want = dot(x).double(), aten(x).double()
                 product = x.double() @ exact.T
                 bound = 2 ** -8 * product.abs() + 2 ** -20 * (x.double().abs() @ exact.abs().T)
-                prompt = x[None]  # [1, T, K]: a prompt step, on ATen's kernel (quant.Int4Linear) from 2 rows
+                prompt = x[None]  # [1, T, K]: a prompt step, on ATen's numbers (quant.Int4Linear) from 2 rows
                 same = torch.equal(dot(prompt), aten(prompt)) or rows == 1
                 report[(out_f, in_f, group, rows)] = (float((got != want).double().mean()),
                                                       bool(((got - product).abs() <= bound).all()), same)
@@ -185,7 +188,7 @@ def test_int4_linear_equals_atens_int4_kernel(int8_sq_engine, isa):
             pytest.skip("this CPU has no AVX512-BF16: the engine runs ATen's int4 kernel")
         return
     assert isa == "native"
-    assert len(report) == len(INT4_CASES) * 6
+    assert len(report) == len(INT4_CASES) * 9
     for case, (differ, within, prompt_on_aten) in report.items():
         assert within and prompt_on_aten, case
         assert differ <= 0.02, (case, differ)  # one bf16 rounding apart, at a few of the outputs at most

@@ -13,6 +13,10 @@
 // high one. Widened to 16-bit lanes, a low-nibble lookup gives lane pairs (k, k+1) of the 16 rows and a high-nibble
 // lookup pairs (k+2, k+3): exactly VDPBF16PS's operand, against the broadcast pair of inputs. Scales and zeros are
 // bf16 [blocks, groups, 2, 16].
+//
+// Prompt steps (int4_linear_f32) read the same layout and reproduce ATen's numbers bit for bit: a prompt's first token
+// comes from them, and the default model's first answer is a near tie that the dot products' order flips
+// (bench/engine_notes.md). So one copy of the weights serves both steps.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -25,6 +29,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 namespace {
 
@@ -125,8 +131,8 @@ void rows_of_blocks(const BFloat16* x, const float* row_sums, const uint8_t* pac
   }
 }
 
-at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros, int64_t group,
-                       int64_t out_features) {
+void check_layout(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros, int64_t group,
+                  int64_t out_features) {
   const int64_t k_len = x.size(-1), blocks = packed.size(0);
   TORCH_CHECK(has_avx512_bf16(), "int4_linear needs AVX512-BF16 (int4_supported() says where it runs)");
   TORCH_CHECK(group > 0 && group % kStep == 0 && k_len % group == 0, "int4_linear: ", k_len,
@@ -137,6 +143,12 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   TORCH_CHECK(scales_zeros.scalar_type() == at::kBFloat16 && scales_zeros.is_contiguous() &&
               scales_zeros.numel() == blocks * (k_len / group) * 2 * kLanes,
               "int4_linear: scales_zeros must be int4_pack's bf16 [blocks, groups, 2, 16]");
+}
+
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros, int64_t group,
+                       int64_t out_features) {
+  check_layout(x, packed, scales_zeros, group, out_features);
+  const int64_t k_len = x.size(-1), blocks = packed.size(0);
   const at::Tensor rows = x.reshape({-1, k_len}).to(at::kBFloat16).contiguous();
   const int64_t m_len = rows.size(0), groups = k_len / group;
   // Σ x over each (row, group), in float32: the zero's factor.
@@ -196,14 +208,167 @@ std::tuple<at::Tensor, at::Tensor> int4_pack(const at::Tensor& q, const at::Tens
   return {packed, sz};
 }
 
+// ATen's _weight_int4pack_mm_for_cpu (AVX-512) in float32: each weight dequantised as fma(q - 8, scale, zero), each
+// output one accumulator over k = 0..K-1 in order, acc = fma(x_k, w_k, acc), rounded to bf16 once. ATen dequantises
+// a weight again for every 4 input rows; here a block pair's K × 32 weights are dequantised once into a buffer and
+// every row runs over it.
+// One step's 4 × 16 weights in float32, as ATen dequantises them: w[i] = weights k + i of the block's 16 rows.
+struct Dequantiser {
+  // A step's bytes 2c + j reordered j-major (even bytes, then odd, within each 16-byte half; then the halves'
+  // quarters), so that widening 16 of them gives q[c, k + j] (low nibbles) and q[c, k + 2 + j] (high) for c = 0..15.
+  __m256i evens_first;
+  __m512 offsets;  // float(q - 8) for q = 0..15, looked up by a lane's low 4 bits (as ATen's kernel does)
+
+  __attribute__((target("avx512f,avx512bw"))) Dequantiser()
+      : evens_first(_mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                     0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)),
+        offsets(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)) {}
+
+  __attribute__((target("avx512f,avx512bw")))
+  inline void step(const uint8_t* bytes, __m512 scale, __m512 zero, __m512 w[kStep]) const {
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes));
+    v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, evens_first), 0b11011000);
+    for (int j = 0; j < 2; ++j) {
+      const __m512i q = _mm512_cvtepu8_epi32(j == 0 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1));
+      w[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(q, offsets), scale, zero);
+      w[2 + j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), offsets), scale, zero);
+    }
+  }
+};
+
+// A block's K × 16 weights into w (row k at w + k * stride).
+__attribute__((target("avx512f,avx512bw")))
+void dequantise_block(const Dequantiser& dq, const uint8_t* packed, const BFloat16* scales_zeros, int64_t k_len,
+                      int64_t group, float* w, int64_t stride) {
+  __m512 scale = _mm512_setzero_ps(), zero = _mm512_setzero_ps(), step[kStep];
+  for (int64_t k = 0; k < k_len; k += kStep) {
+    if (k % group == 0) {
+      scale = llm_cpu_kernels::load16(scales_zeros + k / group * 2 * kLanes);
+      zero = llm_cpu_kernels::load16(scales_zeros + k / group * 2 * kLanes + kLanes);
+    }
+    dq.step(packed + k / kStep * 32, scale, zero, step);
+    for (int i = 0; i < kStep; ++i) _mm512_storeu_ps(w + (k + i) * stride, step[i]);
+  }
+}
+
+// Rows m0.. over a block pair's dequantised weights (w: [K, Blocks × 16]).
+template <int Rows, int Blocks>
+__attribute__((target("avx512f,avx512bw")))
+void f32_tile(const float* x, const float* w, int64_t k_len, int64_t m0, int64_t n0, int64_t n_len, BFloat16* out) {
+  __m512 acc[Rows][Blocks];
+  for (int r = 0; r < Rows; ++r)
+    for (int b = 0; b < Blocks; ++b) acc[r][b] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < k_len; ++k) {
+    __m512 wk[Blocks];
+    for (int b = 0; b < Blocks; ++b) wk[b] = _mm512_loadu_ps(w + k * Blocks * kLanes + b * kLanes);
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 xk = _mm512_set1_ps(x[(m0 + r) * k_len + k]);
+      for (int b = 0; b < Blocks; ++b) acc[r][b] = _mm512_fmadd_ps(xk, wk[b], acc[r][b]);
+    }
+  }
+  for (int r = 0; r < Rows; ++r)
+    for (int b = 0; b < Blocks; ++b) llm_cpu_kernels::store16(out + (m0 + r) * n_len + n0 + b * kLanes, acc[r][b]);
+}
+
+template <int Blocks>
+void f32_rows(const float* x, const float* w, int64_t m_len, int64_t k_len, int64_t n0, int64_t n_len, BFloat16* out) {
+  int64_t m0 = 0;
+  for (; m0 + 12 <= m_len; m0 += 12) f32_tile<12, Blocks>(x, w, k_len, m0, n0, n_len, out);
+  if (m_len - m0 >= 8) { f32_tile<8, Blocks>(x, w, k_len, m0, n0, n_len, out); m0 += 8; }
+  if (m_len - m0 >= 4) { f32_tile<4, Blocks>(x, w, k_len, m0, n0, n_len, out); m0 += 4; }
+  if (m_len - m0 >= 2) { f32_tile<2, Blocks>(x, w, k_len, m0, n0, n_len, out); m0 += 2; }
+  if (m_len - m0 == 1) f32_tile<1, Blocks>(x, w, k_len, m0, n0, n_len, out);
+}
+
+// A few rows (short prompt steps): weights dequantised in registers as they are used, as ATen does, since storing
+// them costs more than these rows' multiply-adds.
+template <int Rows>
+__attribute__((target("avx512f,avx512bw")))
+void f32_few_rows(const Dequantiser& dq, const float* x, const uint8_t* packed, const BFloat16* scales_zeros,
+                  int64_t k_len, int64_t group, int64_t n0, int64_t n_len, BFloat16* out) {
+  __m512 acc[Rows];
+  for (int r = 0; r < Rows; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 scale = _mm512_setzero_ps(), zero = _mm512_setzero_ps(), step[kStep];
+  for (int64_t k = 0; k < k_len; k += kStep) {
+    if (k % group == 0) {
+      scale = llm_cpu_kernels::load16(scales_zeros + k / group * 2 * kLanes);
+      zero = llm_cpu_kernels::load16(scales_zeros + k / group * 2 * kLanes + kLanes);
+    }
+    dq.step(packed + k / kStep * 32, scale, zero, step);
+    for (int i = 0; i < kStep; ++i)
+      for (int r = 0; r < Rows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k_len + k + i]), step[i], acc[r]);
+  }
+  for (int r = 0; r < Rows; ++r) llm_cpu_kernels::store16(out + r * n_len + n0, acc[r]);
+}
+
+constexpr int64_t kFewRows = 8;
+
+void f32_block_few_rows(const Dequantiser& dq, const float* x, int64_t m_len, const uint8_t* packed,
+                        const BFloat16* sz, int64_t k_len, int64_t group, int64_t n0, int64_t n_len, BFloat16* out) {
+  switch (m_len) {
+    case 1: f32_few_rows<1>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
+    case 2: f32_few_rows<2>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
+    case 3: f32_few_rows<3>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
+    case 4: f32_few_rows<4>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
+    case 5: f32_few_rows<5>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
+    case 6: f32_few_rows<6>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
+    case 7: f32_few_rows<7>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
+    case 8: f32_few_rows<8>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
+    default: TORCH_CHECK(false, "f32_block_few_rows: ", m_len, " rows");
+  }
+}
+
+at::Tensor int4_linear_f32(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros,
+                           int64_t group, int64_t out_features) {
+  check_layout(x, packed, scales_zeros, group, out_features);
+  const int64_t k_len = x.size(-1), blocks = packed.size(0), groups = k_len / group;
+  // bf16 → float32 is exact: ATen's kernel widens each input the same way.
+  const at::Tensor rows = x.reshape({-1, k_len}).to(at::kBFloat16).to(at::kFloat).contiguous();
+  const int64_t m_len = rows.size(0);
+  at::Tensor out = at::empty({m_len, out_features}, x.options().dtype(at::kBFloat16));
+  const float* xp = rows.data_ptr<float>();
+  const uint8_t* pp = packed.data_ptr<uint8_t>();
+  const BFloat16* szp = scales_zeros.data_ptr<BFloat16>();
+  BFloat16* op = out.data_ptr<BFloat16>();
+  const int64_t block_bytes = k_len / kStep * 32, pairs = blocks / 2;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out_features;
+  const Dequantiser dq;
+  if (m_len <= kFewRows) {
+    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b)
+        f32_block_few_rows(dq, xp, m_len, pp + b * block_bytes, szp + b * groups * 2 * kLanes, k_len, group,
+                           b * kLanes, out_features, op);
+    });
+    return out.view(shape);
+  }
+  at::parallel_for(0, pairs + blocks % 2, 1, [&](int64_t begin, int64_t end) {
+    std::unique_ptr<float[]> buffer(new float[k_len * 2 * kLanes]);
+    float* w = buffer.get();
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t b0 = 2 * p, width = p < pairs ? 2 : 1;
+      for (int64_t b = 0; b < width; ++b)
+        dequantise_block(dq, pp + (b0 + b) * block_bytes, szp + (b0 + b) * groups * 2 * kLanes, k_len, group,
+                         w + b * kLanes, width * kLanes);
+      if (width == 2) f32_rows<2>(xp, w, m_len, k_len, b0 * kLanes, out_features, op);
+      else f32_rows<1>(xp, w, m_len, k_len, b0 * kLanes, out_features, op);
+    }
+  });
+  return out.view(shape);
+}
+
 bool int4_supported() { return has_avx512_bf16(); }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(llm_cpu, m) {
   m.def("int4_linear(Tensor x, Tensor packed, Tensor scales_zeros, int group, int out_features) -> Tensor");
+  m.def("int4_linear_f32(Tensor x, Tensor packed, Tensor scales_zeros, int group, int out_features) -> Tensor");
   m.def("int4_pack(Tensor q, Tensor scales, Tensor zeros, int group) -> (Tensor, Tensor)", &int4_pack);
   m.def("int4_supported() -> bool", &int4_supported);
 }
 
-TORCH_LIBRARY_IMPL(llm_cpu, CPU, m) { m.impl("int4_linear", &int4_linear); }
+TORCH_LIBRARY_IMPL(llm_cpu, CPU, m) {
+  m.impl("int4_linear", &int4_linear);
+  m.impl("int4_linear_f32", &int4_linear_f32);
+}
