@@ -210,43 +210,55 @@ std::tuple<at::Tensor, at::Tensor> int4_pack(const at::Tensor& q, const at::Tens
 
 // ATen's _weight_int4pack_mm_for_cpu (AVX-512) in float32: each weight dequantised as fma(q - 8, scale, zero), each
 // output one accumulator over k = 0..K-1 in order, acc = fma(x_k, w_k, acc), rounded to bf16 once. ATen dequantises
-// a weight again for every 4 input rows; here a block pair's K × 32 weights are dequantised once into a buffer and
-// every row runs over it.
-// One step's 4 × 16 weights in float32, as ATen dequantises them: w[i] = weights k + i of the block's 16 rows.
-struct Dequantiser {
-  // A step's bytes 2c + j reordered j-major (even bytes, then odd, within each 16-byte half; then the halves'
-  // quarters), so that widening 16 of them gives q[c, k + j] (low nibbles) and q[c, k + 2 + j] (high) for c = 0..15.
-  __m256i evens_first;
-  __m512 offsets;  // float(q - 8) for q = 0..15, looked up by a lane's low 4 bits (as ATen's kernel does)
+// a weight again for every 4 input rows; here, from 9 rows, a block pair's K × 32 weights are dequantised once into a
+// buffer and every row runs over it.
 
-  __attribute__((target("avx512f,avx512bw"))) Dequantiser()
-      : evens_first(_mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
-                                     0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)),
-        offsets(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)) {}
-
+// One block's weights in float32, a step of 4 inputs at a time, in order of k.
+class BlockDequantiser {
+ public:
   __attribute__((target("avx512f,avx512bw")))
-  inline void step(const uint8_t* bytes, __m512 scale, __m512 zero, __m512 w[kStep]) const {
-    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes));
-    v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, evens_first), 0b11011000);
+  BlockDequantiser(const uint8_t* packed, const BFloat16* scales_zeros, int64_t group)
+      : packed_(packed), scales_zeros_(scales_zeros), group_(group),
+        evens_first_(_mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                      0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)),
+        offsets_(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)) {}
+
+  // w[i]: input k + i's weights of the block's 16 rows (k a multiple of 4; calls in increasing k from 0). Inlined
+  // into the loops, so the scale and zero stay in registers.
+  __attribute__((target("avx512f,avx512bw"), always_inline))
+  inline void step(int64_t k, __m512 w[kStep]) {
+    if (k % group_ == 0) {
+      scale_ = llm_cpu_kernels::load16(scales_zeros_ + k / group_ * 2 * kLanes);
+      zero_ = llm_cpu_kernels::load16(scales_zeros_ + k / group_ * 2 * kLanes + kLanes);
+    }
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed_ + k / kStep * 32));
+    v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, evens_first_), 0b11011000);
     for (int j = 0; j < 2; ++j) {
       const __m512i q = _mm512_cvtepu8_epi32(j == 0 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1));
-      w[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(q, offsets), scale, zero);
-      w[2 + j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), offsets), scale, zero);
+      w[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(q, offsets_), scale_, zero_);
+      w[2 + j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), offsets_), scale_, zero_);
     }
   }
+
+ private:
+  const uint8_t* packed_;
+  const BFloat16* scales_zeros_;
+  int64_t group_;
+  // A step's bytes 2c + j reordered j-major (even bytes, then odd, within each 16-byte half; then the halves'
+  // quarters), so that widening 16 of them gives q[c, k + j] (low nibbles) and q[c, k + 2 + j] (high) for c = 0..15.
+  __m256i evens_first_;
+  __m512 offsets_;  // float(q - 8) for q = 0..15, looked up by a lane's low 4 bits (as ATen's kernel does)
+  __m512 scale_, zero_;
 };
 
-// A block's K × 16 weights into w (row k at w + k * stride).
+// A block's K × 16 weights into w (input k's at w + k * stride).
 __attribute__((target("avx512f,avx512bw")))
-void dequantise_block(const Dequantiser& dq, const uint8_t* packed, const BFloat16* scales_zeros, int64_t k_len,
-                      int64_t group, float* w, int64_t stride) {
-  __m512 scale = _mm512_setzero_ps(), zero = _mm512_setzero_ps(), step[kStep];
+void dequantise_block(const uint8_t* packed, const BFloat16* scales_zeros, int64_t group, int64_t k_len, float* w,
+                      int64_t stride) {
+  BlockDequantiser block(packed, scales_zeros, group);
+  __m512 step[kStep];
   for (int64_t k = 0; k < k_len; k += kStep) {
-    if (k % group == 0) {
-      scale = llm_cpu_kernels::load16(scales_zeros + k / group * 2 * kLanes);
-      zero = llm_cpu_kernels::load16(scales_zeros + k / group * 2 * kLanes + kLanes);
-    }
-    dq.step(packed + k / kStep * 32, scale, zero, step);
+    block.step(k, step);
     for (int i = 0; i < kStep; ++i) _mm512_storeu_ps(w + (k + i) * stride, step[i]);
   }
 }
@@ -284,17 +296,13 @@ void f32_rows(const float* x, const float* w, int64_t m_len, int64_t k_len, int6
 // them costs more than these rows' multiply-adds.
 template <int Rows>
 __attribute__((target("avx512f,avx512bw")))
-void f32_few_rows(const Dequantiser& dq, const float* x, const uint8_t* packed, const BFloat16* scales_zeros,
-                  int64_t k_len, int64_t group, int64_t n0, int64_t n_len, BFloat16* out) {
-  __m512 acc[Rows];
+void f32_few_rows(const uint8_t* packed, const BFloat16* scales_zeros, int64_t group, const float* x, int64_t k_len,
+                  int64_t n0, int64_t n_len, BFloat16* out) {
+  BlockDequantiser block(packed, scales_zeros, group);
+  __m512 acc[Rows], step[kStep];
   for (int r = 0; r < Rows; ++r) acc[r] = _mm512_setzero_ps();
-  __m512 scale = _mm512_setzero_ps(), zero = _mm512_setzero_ps(), step[kStep];
   for (int64_t k = 0; k < k_len; k += kStep) {
-    if (k % group == 0) {
-      scale = llm_cpu_kernels::load16(scales_zeros + k / group * 2 * kLanes);
-      zero = llm_cpu_kernels::load16(scales_zeros + k / group * 2 * kLanes + kLanes);
-    }
-    dq.step(packed + k / kStep * 32, scale, zero, step);
+    block.step(k, step);
     for (int i = 0; i < kStep; ++i)
       for (int r = 0; r < Rows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k_len + k + i]), step[i], acc[r]);
   }
@@ -303,17 +311,17 @@ void f32_few_rows(const Dequantiser& dq, const float* x, const uint8_t* packed, 
 
 constexpr int64_t kFewRows = 8;
 
-void f32_block_few_rows(const Dequantiser& dq, const float* x, int64_t m_len, const uint8_t* packed,
-                        const BFloat16* sz, int64_t k_len, int64_t group, int64_t n0, int64_t n_len, BFloat16* out) {
+void f32_block_few_rows(const uint8_t* packed, const BFloat16* sz, int64_t group, const float* x, int64_t m_len,
+                        int64_t k_len, int64_t n0, int64_t n_len, BFloat16* out) {
   switch (m_len) {
-    case 1: f32_few_rows<1>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
-    case 2: f32_few_rows<2>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
-    case 3: f32_few_rows<3>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
-    case 4: f32_few_rows<4>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
-    case 5: f32_few_rows<5>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
-    case 6: f32_few_rows<6>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
-    case 7: f32_few_rows<7>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
-    case 8: f32_few_rows<8>(dq, x, packed, sz, k_len, group, n0, n_len, out); break;
+    case 1: f32_few_rows<1>(packed, sz, group, x, k_len, n0, n_len, out); break;
+    case 2: f32_few_rows<2>(packed, sz, group, x, k_len, n0, n_len, out); break;
+    case 3: f32_few_rows<3>(packed, sz, group, x, k_len, n0, n_len, out); break;
+    case 4: f32_few_rows<4>(packed, sz, group, x, k_len, n0, n_len, out); break;
+    case 5: f32_few_rows<5>(packed, sz, group, x, k_len, n0, n_len, out); break;
+    case 6: f32_few_rows<6>(packed, sz, group, x, k_len, n0, n_len, out); break;
+    case 7: f32_few_rows<7>(packed, sz, group, x, k_len, n0, n_len, out); break;
+    case 8: f32_few_rows<8>(packed, sz, group, x, k_len, n0, n_len, out); break;
     default: TORCH_CHECK(false, "f32_block_few_rows: ", m_len, " rows");
   }
 }
@@ -333,12 +341,12 @@ at::Tensor int4_linear_f32(const at::Tensor& x, const at::Tensor& packed, const 
   const int64_t block_bytes = k_len / kStep * 32, pairs = blocks / 2;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out_features;
-  const Dequantiser dq;
+  const int64_t sz_block = groups * 2 * kLanes;
   if (m_len <= kFewRows) {
     at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b)
-        f32_block_few_rows(dq, xp, m_len, pp + b * block_bytes, szp + b * groups * 2 * kLanes, k_len, group,
-                           b * kLanes, out_features, op);
+        f32_block_few_rows(pp + b * block_bytes, szp + b * sz_block, group, xp, m_len, k_len, b * kLanes,
+                           out_features, op);
     });
     return out.view(shape);
   }
@@ -347,9 +355,8 @@ at::Tensor int4_linear_f32(const at::Tensor& x, const at::Tensor& packed, const 
     float* w = buffer.get();
     for (int64_t p = begin; p < end; ++p) {
       const int64_t b0 = 2 * p, width = p < pairs ? 2 : 1;
-      for (int64_t b = 0; b < width; ++b)
-        dequantise_block(dq, pp + (b0 + b) * block_bytes, szp + (b0 + b) * groups * 2 * kLanes, k_len, group,
-                         w + b * kLanes, width * kLanes);
+      for (int64_t b = b0; b < b0 + width; ++b)
+        dequantise_block(pp + b * block_bytes, szp + b * sz_block, group, k_len, w + (b - b0) * kLanes, width * kLanes);
       if (width == 2) f32_rows<2>(xp, w, m_len, k_len, b0 * kLanes, out_features, op);
       else f32_rows<1>(xp, w, m_len, k_len, b0 * kLanes, out_features, op);
     }
