@@ -5,7 +5,7 @@ every streamed answer must concatenate to its non-streamed twin byte for byte. T
 OpenAI front door with the official ``openai`` SDK (issue 14's "done when"): the model id from ``/v1/models``, one
 ``chat.completions.create`` and one with ``stream=True``, whose chunks must concatenate to the non-streamed
 content. Then the newcomer's own command, ``python -m client chat "What is the capital of France?"``. Both answers
-must name Paris (``--expect``; the default model's greedy answer). Then SIGTERM (what Ctrl-C and Kubernetes send)
+must name Paris (``--expect``; the default model's greedy answer). Then SIGTERM (what Kubernetes and docker send)
 must stop the front door, drain and stop the server with exit code 0. Exit code 0 when all of that holds.
 
     source .venv/bin/activate && python scripts/first_minute.py     # what .ci/run does after `make test`

@@ -57,8 +57,10 @@ class FrontDoor:
             if self._stopping:
                 return False
             try:
+                # Its own process group, as tritonserver's: Ctrl-C's SIGINT and then the launcher's SIGTERM would be
+                # two signals, and the second one means "stop now", cutting the open streams.
                 self.process = subprocess.Popen(self.command(), cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
-                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
             except OSError as e:
                 raise ServerStartError(f"cannot run the OpenAI front door: {e}") from e
         self._echo = threading.Thread(target=self._pump, name="frontdoor-log", daemon=True)

@@ -256,8 +256,10 @@ class TritonServer:
         # stderr too: gRPC bind errors and the final "error: creating server" line are printed there.
         with open(log_file, "wb") if log_file else contextlib.nullcontext(subprocess.PIPE) as out:
             try:
+                # Its own process group: a terminal's Ctrl-C (SIGINT to the whole foreground group) reaches only
+                # the launcher, which stops the front door first and then drains Triton (serve_until_stopped).
                 self.process = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                                                stdout=out, stderr=subprocess.STDOUT)
+                                                stdout=out, stderr=subprocess.STDOUT, process_group=0)
             except OSError as e:
                 raise ServerStartError(f"cannot run {cmd[0]}: {e}") from e
         if log_file is None:

@@ -222,8 +222,8 @@ def _cli(repo: Path, tmp_path: Path, ports: list[int], openai: bool = False) -> 
         env["OPENAI_PORT"] = str(ports[3])
     proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--model-repository", str(repo),
                              "--exit-timeout-secs", "5", *([] if openai else ["--no-openai"])], cwd=PROJECT_ROOT,
-                            env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT)
-    return proc, out
+                            env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, out  # the launcher leads its own process group, as a shell's foreground job does
 
 
 def _wait_for_line(proc: subprocess.Popen, out: Path, prefix: str, timeout: float = 180) -> list[str]:
@@ -284,6 +284,33 @@ def test_front_door_starts_after_triton_and_its_death_stops_everything(install, 
         assert proc.wait(60) != 0
         assert "serving: the OpenAI front door exited on its own with code -9; stopping tritonserver" in out.read_text()
         assert "drain finished" in out.read_text()  # Triton still drained: nothing in flight was cut
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_ctrl_c_drains_an_open_stream(install, model_repository, tmp_path):
+    """A terminal's Ctrl-C sends SIGINT to the whole foreground process group. Only the launcher may see it: had the
+    front door got it too, the launcher's SIGTERM after it would be a second signal ("stop now"), cutting the open
+    stream with tracebacks, and Triton would have started its shutdown before the front door finished."""
+    from openai import OpenAI
+
+    ports = free_ports(4)
+    proc, out = _cli(model_repository, tmp_path, ports, openai=True)
+    try:
+        assert _wait_for_line(proc, out, "ready:"), out.read_text()[-3000:]
+        client = OpenAI(base_url=f"http://localhost:{ports[3]}/v1", api_key="unused", max_retries=0, timeout=60)
+        model = client.models.list().data[0].id
+        stream = client.completions.create(model=model, prompt="Once upon a time", max_tokens=200, stream=True,
+                                           extra_body={"min_tokens": 200})
+        chunks = [next(stream)]
+        os.killpg(proc.pid, signal.SIGINT)
+        chunks += list(stream)
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert sum(len(c.choices[0].text) > 0 for c in chunks) > 100  # the whole answer, not a cut one
+        assert proc.wait(60) == 0
+        text = out.read_text()
+        assert "Traceback" not in text and "drain finished" in text, text[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
