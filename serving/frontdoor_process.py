@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+from serving.parent_death import stop_with_parent
 from serving.triton_install import PROJECT_ROOT, ServerStartError
 
 #: Extra seconds after the front door's own drain timeout before it is killed.
@@ -58,9 +59,11 @@ class FrontDoor:
                 return False
             try:
                 # Its own process group, as tritonserver's: Ctrl-C's SIGINT and then the launcher's SIGTERM would be
-                # two signals, and the second one means "stop now", cutting the open streams.
+                # two signals, and the second one means "stop now", cutting the open streams. Like it, it stops if
+                # the launcher dies without stopping it.
                 self.process = subprocess.Popen(self.command(), cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
-                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0,
+                                                preexec_fn=stop_with_parent())
             except OSError as e:
                 raise ServerStartError(f"cannot run the OpenAI front door: {e}") from e
         self._echo = threading.Thread(target=self._pump, name="frontdoor-log", daemon=True)

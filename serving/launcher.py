@@ -32,6 +32,7 @@ from typing import NamedTuple
 from serving.drain import DRAIN_FILE_ENV, drain
 from serving.frontdoor_process import FrontDoor
 from serving.health import DEFAULT_DEADLINE_S, HEALTH_PATH, HealthServer
+from serving.parent_death import stop_with_parent
 from serving.queue_full import QUEUE_FULL_FILE_ENV, create_queue_full_file
 from serving.server_log import diagnose
 from serving.triton_install import (PROJECT_ROOT, ServerStartError, TritonInstall, check_project_importable,
@@ -200,7 +201,9 @@ def _running(pid: int, started: int) -> bool:
 
 
 class TritonServer:
-    """One tritonserver process. ``with TritonServer(cfg) as s:`` starts it and waits until it is ready."""
+    """One tritonserver process. ``with TritonServer(cfg) as s:`` starts it and waits until it is ready.
+
+    Start it from a thread that outlives it: it gets SIGTERM when that thread ends (serving/parent_death.py)."""
 
     def __init__(self, config: ServerConfig, install: TritonInstall | None = None,
                  ready_timeout: float = 300.0) -> None:
@@ -258,8 +261,10 @@ class TritonServer:
             try:
                 # Its own process group: a terminal's Ctrl-C (SIGINT to the whole foreground group) reaches only
                 # the launcher, which stops the front door first and then drains Triton (serve_until_stopped).
+                # And a SIGTERM of its own if we die without stopping it (serving/parent_death.py).
                 self.process = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                                                stdout=out, stderr=subprocess.STDOUT, process_group=0)
+                                                stdout=out, stderr=subprocess.STDOUT, process_group=0,
+                                                preexec_fn=stop_with_parent())
             except OSError as e:
                 raise ServerStartError(f"cannot run {cmd[0]}: {e}") from e
         if log_file is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -314,6 +315,41 @@ def test_ctrl_c_drains_an_open_stream(install, model_repository, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_killed_launcher_takes_its_children_with_it(install, model_repository, tmp_path):
+    """A launcher killed outright (SIGKILL, the OOM killer) runs no stop code. Its tritonserver, the stubs and the front
+    door must not live on holding the ports: the kernel sends each child SIGTERM when the launcher dies."""
+    import psutil
+
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE  # an orphan's zombie waits for whoever adopted it
+        except psutil.NoSuchProcess:
+            return False
+
+    ports = free_ports(4)
+    proc, out = _cli(model_repository, tmp_path, ports, openai=True)
+    started: list[psutil.Process] = []
+    try:
+        assert _wait_for_line(proc, out, "ready:"), out.read_text()[-3000:]
+        started = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in started)
+        assert "tritonserver" in names and "triton_python_backend_stub" in names and "openai" in names, names
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while any(map(running, started)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p.pid for p in started if running(p)], out.read_text()[-3000:]
+        for port in ports:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no listener
+                s.bind(("0.0.0.0", port))  # free again
+    finally:
+        for p in [proc, *filter(running, started)]:
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                p.kill()
 
 
 def test_cli_explains_a_failed_start(install, good_repo, tmp_path):
