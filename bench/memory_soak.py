@@ -24,7 +24,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bench.engine_bench import MONITOR, say
+from bench.engine_bench.models import say
+from bench.engine_bench.noise import MONITOR
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PROFILE = PROJECT_ROOT / "builders" / "profiles" / "cpu.yaml"

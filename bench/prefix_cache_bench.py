@@ -27,7 +27,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.engine_bench import LLAMA_CPP_VENV, MONITOR, _llama_job, cached, file_digest, say, write_stamp
+from bench.engine_bench.models import cached, file_digest, say, write_stamp
+from bench.engine_bench.noise import MONITOR
+from bench.engine_bench.peer_llama_cpp import LLAMA_CPP_VENV, llama_job
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PROFILE = PROJECT_ROOT / "builders" / "profiles" / "cpu.yaml"
@@ -152,7 +154,7 @@ def llama_cpp_peer(system: str, tokenizer, work: Path, quick: bool) -> dict | No
     ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
     out = {}
     for cache in (False, True):
-        res = _llama_job(py, {"op": "prefix", "gguf": str(gguf), "threads": 2, "n_ctx": 4096,
+        res = llama_job(py, {"op": "prefix", "gguf": str(gguf), "threads": 2, "n_ctx": 4096,
                               "new_tokens": ANSWER_TOKENS, "cache_prompt": cache,
                               "requests": [{"ids": i} for i in ids]})
         out["on" if cache else "off"] = {"ttft_s": [r["times"][0] - r["start"] for r in res["results"]],

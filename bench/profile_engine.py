@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    from bench.engine_bench import EngineDriver
+    from bench.engine_bench.peer_engine import EngineDriver
     from bench.workload import make_prompts
     from cpu_engine import load_engine, read_config
     from cpu_engine.engine import LLMEngine

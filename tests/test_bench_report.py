@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.engine_bench import agreement, parse_args, pct
+from bench.engine_bench.options import parse_args
+from bench.engine_bench.records import agreement
 from bench.engine_report import compute_targets, write_markdown
+from bench.workload import pct
 
 
 def _records():

@@ -1,0 +1,3 @@
+from bench.engine_bench.run import main
+
+main()
