@@ -28,6 +28,7 @@ from .sampling import LogProbTable, Sampler, TokenCounts, sample
 from .stop_strings import StopStrings
 from .scheduler import FinishReason, GenerationRequest, Scheduler, Sequence, SlotPool
 from .threads import on_scratch_thread
+from .token_rules import accept, mask_logits
 
 
 CANCEL_POLL_S = 0.02  # how stale a cancellation may be before its slot is freed
@@ -304,10 +305,11 @@ class LLMEngine:
         return ready, rows
 
     def _accept_batch(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """Choose one token for every row of ``logits`` [B, V] at once, then apply each sequence's stop rules."""
+        """Choose one token for every row of ``logits`` [B, V] at once, then apply each sequence's stop rules
+        (token_rules.py)."""
         asked = [i for i, s in enumerate(seqs) if s.request.return_log_probs]
         table = LogProbTable(logits, asked, [seqs[i].request.top_logprobs for i in asked]) if asked else None
-        failed = self._mask(seqs, logits)
+        failed = mask_logits(seqs, logits)
         slots = [s.slot for s in seqs]
         tokens = sample(logits, [s.sampler for s in seqs], slots, self.counts)
         penalised = [i for i, s in enumerate(seqs) if s.request.sampling.penalised]
@@ -328,86 +330,15 @@ class LLMEngine:
             except Exception as exc:  # noqa: BLE001 - its grammar, stop rules or event: it alone ends
                 self._fail([seq], exc)
 
-    def _mask(self, seqs: list[Sequence], logits: torch.Tensor) -> dict[int, Exception]:
-        """The embedding bias, bad words, the grammar, then min_tokens' ban of end_id — unless the grammar allows
-        nothing else. Returns the rows whose grammar failed, with the exception: _accept_batch ends them, dropping
-        their token."""
-        biased = [i for i, s in enumerate(seqs) if s.request.embedding_bias is not None]
-        if biased:
-            logits[biased] += torch.stack([seqs[i].request.embedding_bias for i in biased]).to(logits.dtype)
-        rows, banned, failed = [], [], {}
-        for i, seq in enumerate(seqs):
-            for token in self._banned_tokens(seq):
-                rows.append(i)
-                banned.append(token)
-        guided = [i for i, s in enumerate(seqs) if s.matcher is not None]
-        if guided:
-            from .grammar import apply_bitmask, new_bitmask  # only guided requests need it
-
-            bitmask = new_bitmask(len(guided), logits.shape[-1])
-            for j, i in enumerate(guided):
-                try:
-                    seqs[i].matcher.fill(bitmask, j)
-                except Exception as exc:  # noqa: BLE001 - one request's grammar must not fail the batch
-                    failed[i] = exc
-            constrained = logits[guided]
-            apply_bitmask(constrained, bitmask)
-            logits[guided] = constrained
-        for i, seq in enumerate(seqs):
-            end = seq.request.end_id
-            if end is None or len(seq.output_ids) >= seq.request.sampling.min_tokens:
-                continue
-            if seq.matcher is None or int(torch.isfinite(logits[i]).sum()) > int(torch.isfinite(logits[i, end])):
-                rows.append(i)
-                banned.append(end)
-        if rows:
-            logits[rows, banned] = float("-inf")
-        return failed
-
     def _accept(self, seq: Sequence, token: int, logprob: float | None = None,
                 top: tuple[tuple[int, float], ...] = ()) -> None:
-        req = seq.request
-        ended = req.end_id is not None and token == req.end_id
-        if seq.matcher is not None and not ended:
-            # The grammar's own stop token ends it like end_id; a token it refuses cannot be continued either.
-            ended = not seq.matcher.accept(token) or seq.matcher.finished()
-        if ended:
-            self._finish(seq, FinishReason.STOP)
+        kept, reason = accept(seq, token, self.limits.max_seq_len, self.token_bytes)
+        if not kept:
+            self._finish(seq, reason)
             return
-        seq.output_ids.append(token)
-        reason = None
-        if self._hits_stop_word(seq, token):
-            reason = FinishReason.STOP
-        elif len(seq.output_ids) >= req.max_new_tokens or seq.length >= self.limits.max_seq_len:
-            reason = FinishReason.LENGTH
         if reason is not None:
             self._release(seq)  # before the event, so whoever reads the gauges on it sees the slot free
         self._emit(seq, token, reason, logprob, top)
-
-    def _banned_tokens(self, seq: Sequence) -> list[int]:
-        """Bad words whose prefix the sequence ends with (min_tokens' end_id ban is in _mask, below grammars)."""
-        banned = []
-        for word in seq.request.bad_words:
-            prefix = word[:-1]
-            if not prefix or self._tail(seq, len(prefix)) == prefix:
-                banned.append(word[-1])
-        return banned
-
-    @staticmethod
-    def _tail(seq: Sequence, n: int) -> list[int]:
-        """The last ``n`` tokens of prompt + output, without copying the whole history."""
-        out = seq.output_ids[-n:]
-        if len(out) < n:
-            out = seq.request.prompt_ids[len(seq.request.prompt_ids) - (n - len(out)):] + out
-        return out
-
-    def _hits_stop_word(self, seq: Sequence, token: int) -> bool:
-        words = seq.request.stop_words
-        if not words:
-            return False
-        if self.token_bytes is None:  # no tokenizer: token-level match only
-            return any(seq.output_ids[-len(w):] == w for w in words)
-        return seq.stops.hit(self.token_bytes[token])  # on text: stop_strings.py
 
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         # Sequences 1..n-1 exist once the prompt is in (_spawn); ended before that, they end with sequence 0.
