@@ -21,6 +21,10 @@ from .block_manager import BlockManager, CommitProgress
 from .sampling import Sampler, SamplingParams
 from .stop_strings import StopStrings
 
+# The engine's own bounds on a request; the serving edge (serving/request_params.py) refuses the same with a message.
+MAX_SEQUENCES = 8  # num_return_sequences: OpenAI's n
+MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs limit
+
 
 class FinishReason(str, enum.Enum):
     LENGTH = "length"
@@ -42,8 +46,8 @@ class GenerationRequest:
     embedding_bias: object | None = None
     is_cancelled: Callable[[], bool] = lambda: False
     return_log_probs: bool = False
-    top_logprobs: int = 0  # alternatives per token (0..20), with return_log_probs
-    # 1..8: the prompt is prefilled once, then its KV blocks are shared; sequence i samples with seed + i.
+    top_logprobs: int = 0  # alternatives per token (0..MAX_TOP_LOGPROBS), with return_log_probs
+    # 1..MAX_SEQUENCES: the prompt is prefilled once, then its KV blocks are shared; sequence i samples with seed + i.
     num_return_sequences: int = 1
     # A compiled grammar: guide.matcher(end_id=...) gives each sequence an object with fill(bitmask, row),
     # accept(token) and finished() (cpu_engine/grammar.py); end_id is the stop token it allows once complete.
@@ -52,10 +56,10 @@ class GenerationRequest:
     probe: bool = False
 
     def __post_init__(self):
-        if not 1 <= self.num_return_sequences <= 8:
-            raise ValueError(f"num_return_sequences must be in [1, 8], got {self.num_return_sequences}")
-        if not 0 <= self.top_logprobs <= 20:
-            raise ValueError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        if not 1 <= self.num_return_sequences <= MAX_SEQUENCES:
+            raise ValueError(f"num_return_sequences must be in [1, {MAX_SEQUENCES}], got {self.num_return_sequences}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
 
 
 @dataclass

@@ -105,6 +105,7 @@ def check_embedding_bias(bias: np.ndarray | None, vocab_size: int) -> np.ndarray
 # ---- issue 17's request controls: TensorRT-LLM's input names (min_p and top_logprobs are ours) -------------------
 # TensorRT-LLM's guided_decoding_guide_type values (GuideType JSON, JSON_SCHEMA, REGEX, EBNF_GRAMMAR, STRUCTURAL_TAG)
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
+# Also the OpenAI front door's limits (serving/openai/protocol.py) and the CPU engine's (cpu_engine/scheduler.py).
 MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs limit
 MAX_SEQUENCES = 8
 

@@ -345,3 +345,13 @@ def test_grammar_hook_constrains_each_sequence_and_wins_over_min_tokens(engine_d
 def test_out_of_range_request_fields_are_refused(field, value, message):
     with pytest.raises(ValueError, match=message):
         GenerationRequest("r", PROMPT, max_new_tokens=4, **{field: value})
+
+
+def test_the_serving_edge_and_the_engine_bound_a_request_alike():
+    """The edge refuses with a message what the engine would refuse: the two limits must not drift apart."""
+    from cpu_engine import scheduler
+    from serving import request_params
+    from serving.openai import protocol
+
+    assert (request_params.MAX_SEQUENCES, request_params.MAX_TOP_LOGPROBS) == \
+        (scheduler.MAX_SEQUENCES, scheduler.MAX_TOP_LOGPROBS) == (protocol.MAX_CHOICES, protocol.MAX_TOP_LOGPROBS)

@@ -20,14 +20,14 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from serving.openai.errors import bad_request
+from serving.request_params import MAX_SEQUENCES as MAX_CHOICES  # n: num_return_sequences at the Triton edge
+from serving.request_params import MAX_TOP_LOGPROBS
 from serving.tools import ToolError, functions, tool_guide
 
 # A seed is an int64 in OpenAI's schema; the engine's is a uint64 (negative seeds wrap, two's complement).
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_STOP = 4
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: -100 bans a token, 100 all but forces it
-MAX_CHOICES = 8  # n: the engine's num_return_sequences limit
-MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, OpenAI's limit
 MAX_COMPLETION_LOGPROBS = 5  # legacy completions' logprobs, OpenAI's limit
 VERY_UNLIKELY = -9999.0  # OpenAI's log-prob for a token that could not be picked (JSON has no -Infinity)
 
