@@ -119,10 +119,10 @@ def test_malformed_word_lists_fail_only_with_value_error(flat, offsets):
 @fuzz("stop_words")
 @given(data=st.data())
 def test_stop_words_match_on_bytes_at_the_first_occurrence(table, data):
-    """cpu_engine's matcher (LLMEngine._hits_stop_word over cpu_engine/stop_strings.py), driven token by token like
+    """cpu_engine's matcher (token_rules.hits_stop_word over cpu_engine/stop_strings.py), driven token by token like
     the engine does."""
-    from cpu_engine.engine import LLMEngine
     from cpu_engine.stop_strings import StopStrings
+    from cpu_engine.token_rules import hits_stop_word
 
     printable = [i for i, b in enumerate(table) if b]
     stream = data.draw(st.lists(st.sampled_from(printable), min_size=1, max_size=40))
@@ -130,13 +130,12 @@ def test_stop_words_match_on_bytes_at_the_first_occurrence(table, data):
     picks = data.draw(st.lists(st.tuples(st.integers(0, len(text) - 1), st.integers(1, 6)), min_size=1,
                                max_size=3))
     stops = [text[a:a + n] for a, n in picks] + data.draw(st.lists(st.binary(min_size=1, max_size=4), max_size=2))
-    engine = SimpleNamespace(token_bytes=table)
     seq = SimpleNamespace(request=SimpleNamespace(stop_words=[[0]] * len(stops)), stops=StopStrings(stops),
                           output_ids=[])
     hit_at = None
     for n, token in enumerate(stream, start=1):
         seq.output_ids.append(token)
-        if LLMEngine._hits_stop_word(engine, seq, token):
+        if hits_stop_word(seq, token, table):
             hit_at = n
             break
     ends = [len(b"".join(table[i] for i in stream[:n])) for n in range(1, len(stream) + 1)]
