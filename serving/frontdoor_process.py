@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from serving.parent_death import stop_with_parent
+from serving.parent_death import launcher_child
 from serving.triton_install import PROJECT_ROOT, ServerStartError
 
 #: Extra seconds after the front door's own drain timeout before it is killed.
@@ -58,12 +58,8 @@ class FrontDoor:
             if self._stopping:
                 return False
             try:
-                # Its own process group, as tritonserver's: Ctrl-C's SIGINT and then the launcher's SIGTERM would be
-                # two signals, and the second one means "stop now", cutting the open streams. Like it, it stops if
-                # the launcher dies without stopping it.
                 self.process = subprocess.Popen(self.command(), cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
-                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0,
-                                                preexec_fn=stop_with_parent())
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **launcher_child())
             except OSError as e:
                 raise ServerStartError(f"cannot run the OpenAI front door: {e}") from e
         self._echo = threading.Thread(target=self._pump, name="frontdoor-log", daemon=True)

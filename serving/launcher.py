@@ -32,7 +32,7 @@ from typing import NamedTuple
 from serving.drain import DRAIN_FILE_ENV, drain
 from serving.frontdoor_process import FrontDoor
 from serving.health import DEFAULT_DEADLINE_S, HEALTH_PATH, HealthServer
-from serving.parent_death import stop_with_parent
+from serving.parent_death import launcher_child
 from serving.queue_full import QUEUE_FULL_FILE_ENV, create_queue_full_file
 from serving.server_log import diagnose
 from serving.triton_install import (PROJECT_ROOT, ServerStartError, TritonInstall, check_project_importable,
@@ -259,12 +259,8 @@ class TritonServer:
         # stderr too: gRPC bind errors and the final "error: creating server" line are printed there.
         with open(log_file, "wb") if log_file else contextlib.nullcontext(subprocess.PIPE) as out:
             try:
-                # Its own process group: a terminal's Ctrl-C (SIGINT to the whole foreground group) reaches only
-                # the launcher, which stops the front door first and then drains Triton (serve_until_stopped).
-                # And a SIGTERM of its own if we die without stopping it (serving/parent_death.py).
-                self.process = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                                                stdout=out, stderr=subprocess.STDOUT, process_group=0,
-                                                preexec_fn=stop_with_parent())
+                self.process = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                                stderr=subprocess.STDOUT, **launcher_child())
             except OSError as e:
                 raise ServerStartError(f"cannot run {cmd[0]}: {e}") from e
         if log_file is None:

@@ -1,4 +1,9 @@
-"""Children that stop when the launcher dies, however it dies.
+"""How the launcher starts its children (tritonserver, the front door): in a process group of their own, and so that
+they stop when the launcher dies, however it dies.
+
+A terminal's Ctrl-C sends SIGINT to the whole foreground process group. Only the launcher may get it: it stops the
+front door first and then drains Triton. A child that got it too would begin its own shutdown out of order, and the
+front door would take the launcher's SIGTERM after it as a second signal ("stop now"), cutting the open streams.
 
 A launcher killed outright (SIGKILL, the OOM killer, a supervisor giving up) runs none of its stop code, and its
 tritonserver and front door would live on, holding the ports and the model's memory. Linux can send a child a
@@ -35,3 +40,8 @@ def stop_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None]
             os._exit(128 + int(sig))
 
     return in_child
+
+
+def launcher_child() -> dict:
+    """``subprocess.Popen`` keywords for a child of the launcher: its own process group, SIGTERM at our death."""
+    return {"process_group": 0, "preexec_fn": stop_with_parent()}
