@@ -5,8 +5,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from cpu_engine.engine_dir import read_config
-
 from . import triton_config as tc
 from .profile import PROJECT_ROOT, ServingProfile
 
@@ -14,17 +12,15 @@ MODEL_SOURCES = PROJECT_ROOT / "model_repository"
 
 
 def model_configs(profile: ServingProfile):
-    """(model name, source folder in model_repository/ or None, ModelConfig) for every model."""
+    """(model name, source folder in model_repository/ or None, ModelConfig) for every model of the profile's
+    layout: cpu_layout.py or trtllm/layout.py renders them."""
     if profile.target == "trtllm":
         from .trtllm.layout import model_configs_trtllm
 
         return model_configs_trtllm(profile)
-    limits = tc.engine_limits(read_config(profile.engine_dir))
-    return [
-        ("preprocessing", "preprocessing", tc.preprocessing_config(profile, limits)),
-        (profile.llm_model_name, "llm", tc.llm_config(profile, limits)),
-        ("ensemble", None, tc.ensemble_config(profile)),
-    ]
+    from .cpu_layout import model_configs_cpu
+
+    return model_configs_cpu(profile)
 
 
 def render_repository(profile: ServingProfile, out_dir: str | Path, configs=None) -> Path:

@@ -147,15 +147,13 @@ def preprocessing_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
 
 
 def llm_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
-    """The ``llm`` model of both layouts (the GPU layout adds its executor's settings: trtllm/layout.py)."""
+    """The ``llm`` model's part that both layouts share; each layout adds its engine's settings (cpu_layout.py,
+    trtllm/layout.py)."""
     cfg = _python_model(p.llm_model_name, p.max_batch_size, LLM_INPUTS + LLM_CONTROL_INPUTS, LLM_OUTPUTS,
                         p.llm.instances,
                         {"engine_dir": p.engine_dir, "tokenizer_dir": p.tokenizer_dir,
                          "max_queue_size": p.llm.max_queue_size, "cpu_threads": p.llm.cpu_threads,
                          "drain_timeout_s": p.llm.drain_timeout_s})
-    if p.target == "cpu":  # the CPU engine's own paged cache; the GPU layout's comes from its TrtllmOptions
-        cfg.parameters["max_tokens_in_paged_kv_cache"].string_value = str(p.llm.max_tokens_in_paged_kv_cache or "")
-        cfg.parameters["enable_kv_cache_reuse"].string_value = str(p.llm.enable_kv_cache_reuse).lower()
     cfg.model_transaction_policy.decoupled = True
     # No dynamic batcher: execute() only enqueues, so Triton's queue stays short without one (the engine's bounded
     # queue rejects), and Triton 2.51's batcher can sleep out its 500 ms timeout with the instance free (B12 in
@@ -182,6 +180,20 @@ def ensemble_config(p: ServingProfile) -> mc.ModelConfig:
     # Read by the OpenAI front door (serving/openai) over gRPC's ModelConfig: the id it serves the model under.
     cfg.parameters["served_model_name"].string_value = p.model_id
     return cfg
+
+
+def set_parameter(cfg: mc.ModelConfig, key: str, value) -> None:
+    """A model parameter as the Python models read it: a string, booleans lower-case."""
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    cfg.parameters[key].string_value = str(value)
+
+
+def layout_models(p: ServingProfile, limits: dict, llm: mc.ModelConfig) -> list[tuple[str, str | None, mc.ModelConfig]]:
+    """(model name, source folder in model_repository/ or None, ModelConfig) of a layout: the same preprocessing
+    and ensemble around the layout's ``llm``."""
+    return [("preprocessing", "preprocessing", preprocessing_config(p, limits)), (p.llm_model_name, "llm", llm),
+            ("ensemble", None, ensemble_config(p))]
 
 
 def to_pbtxt(cfg: mc.ModelConfig) -> str:

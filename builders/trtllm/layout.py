@@ -74,15 +74,9 @@ def saved_options(engine_dir: str | Path) -> TrtllmOptions | None:
     return None
 
 
-def _param(cfg: mc.ModelConfig, key: str, value) -> None:
-    if isinstance(value, bool):
-        value = "true" if value else "false"
-    cfg.parameters[key].string_value = str(value)
-
-
 def llm_config_trtllm(profile: ServingProfile, options: TrtllmOptions, engine_cfg: dict,
                       kv_tokens: int | None = None) -> mc.ModelConfig:
-    """The CPU layout's ``llm`` config with the executor's settings (serving/executor_engine.py ``executor_config``
+    """The shared ``llm`` config with the executor's settings (serving/executor_engine.py ``executor_config``
     reads them): KV-cache reuse and chunked context are false for an engine without paged context FMHA, because the
     runtime would switch them off anyway (rules.py)."""
     if profile.llm.instances != 1:
@@ -106,7 +100,7 @@ def llm_config_trtllm(profile: ServingProfile, options: TrtllmOptions, engine_cf
     if isinstance(tokens, int):
         params["max_tokens_in_paged_kv_cache"] = tokens
     for key, value in params.items():
-        _param(cfg, key, value)
+        tc.set_parameter(cfg, key, value)
     return cfg
 
 
@@ -114,7 +108,7 @@ def model_configs_trtllm(profile: ServingProfile, options: TrtllmOptions | None 
                          engine_cfg: dict | None = None):
     """(model name, model source folder or None, ModelConfig) for every model of the GPU repository.
 
-    Same shape as ``builders.repository.model_configs`` (sources relative to model_repository/).
+    Same shape as ``builders.cpu_layout.model_configs_cpu`` (sources relative to model_repository/).
     ``engine_cfg`` overrides reading ``<engine_dir>/config.json`` (the dry run predicts it). Without
     ``options``, the ones the build saved beside the engine (``trtllm_options.json``) apply, else defaults.
     """
@@ -122,10 +116,5 @@ def model_configs_trtllm(profile: ServingProfile, options: TrtllmOptions | None 
         raise ValueError(f"profile {profile.name!r} has target {profile.target!r}, not trtllm")
     options = options or saved_options(profile.engine_dir) or TrtllmOptions()
     engine_cfg = engine_cfg if engine_cfg is not None else engine_info(profile.engine_dir)
-    limits = tc.engine_limits(engine_cfg)
-    return [
-        ("preprocessing", "preprocessing", tc.preprocessing_config(profile, limits)),
-        (profile.llm_model_name, "llm",
-         llm_config_trtllm(profile, options, engine_cfg, budget_tokens(profile.engine_dir))),
-        ("ensemble", None, tc.ensemble_config(profile)),
-    ]
+    return tc.layout_models(profile, tc.engine_limits(engine_cfg),
+                            llm_config_trtllm(profile, options, engine_cfg, budget_tokens(profile.engine_dir)))
