@@ -11,6 +11,7 @@ import threading
 import time
 
 from serving.launcher import free_port
+from serving.parent_death import stop_with_parent
 
 
 class FrontDoorProcess:
@@ -22,7 +23,8 @@ class FrontDoorProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "serving", "openai", "--triton", triton_grpc, "--host", "127.0.0.1",
              "--port", str(self.port), *extra_args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            preexec_fn=stop_with_parent())  # a killed test run leaves no front door behind
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()

@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from serving.launcher import free_port
+from serving.parent_death import stop_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASE, NAMESPACE = "llm", "serving"
@@ -123,7 +124,7 @@ class Prometheus:
         self.process = subprocess.Popen(
             [self.binary, f"--config.file={cfg}", f"--storage.tsdb.path={data}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=stop_with_parent())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

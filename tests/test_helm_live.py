@@ -30,6 +30,7 @@ import uuid
 import pytest
 
 from serving.launcher import free_port, free_ports
+from serving.parent_death import stop_with_parent
 from test_helm import FILES, ROOT, docs_of, helm_bin, helm_env, one, profile_file, template  # noqa: F401 (fixtures)
 
 ADMIN_KEY = "chart-test-admin-key"
@@ -169,7 +170,8 @@ def chart_server(helm_bin, helm_env, request, tmp_path_factory):
     log = tmp_path_factory.mktemp("chart-server") / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", *args], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=stop_with_parent())
     http = f"127.0.0.1:{ports['HTTP_PORT']}"
     _wait_ready(f"http://{http}/v2/health/ready", proc, log, 300, "the chart's CPU command")
     try:
@@ -263,7 +265,7 @@ def chart_front_door(chart_server, tmp_path):
     log = tmp_path / "front-door.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, preexec_fn=stop_with_parent())
     probe = front["readinessProbe"]["httpGet"]["path"]
     _wait_ready(f"http://127.0.0.1:{port}{probe}", proc, log, 120, "the chart's front door")
     try:

@@ -20,6 +20,7 @@ import pytest
 from serving import stub_python
 from serving.drain import LLM_GRACE_S, PREPROCESSING_GRACE_S, DrainGate
 from serving.launcher import EXIT_TIMEOUT_AFTER_DRAIN_SECS, ServerConfig, TritonServer, build_command, free_ports
+from serving.parent_death import stop_with_parent
 from serving.server_log import FOREIGN_PYTHON_HINT, diagnose
 from serving.triton_install import (PROJECT_ROOT, ServerStartError, TritonInstall, check_project_importable,
                                     find_tritonserver, server_env)
@@ -223,7 +224,8 @@ def _cli(repo: Path, tmp_path: Path, ports: list[int], openai: bool = False) -> 
         env["OPENAI_PORT"] = str(ports[3])
     proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--model-repository", str(repo),
                              "--exit-timeout-secs", "5", *([] if openai else ["--no-openai"])], cwd=PROJECT_ROOT,
-                            env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+                            env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=stop_with_parent())
     return proc, out  # the launcher leads its own process group, as a shell's foreground job does
 
 

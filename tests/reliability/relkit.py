@@ -26,6 +26,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 if str(PROJECT_ROOT) not in sys.path:  # scripts run as files
     sys.path.insert(0, str(PROJECT_ROOT))
 
+from serving.parent_death import stop_with_parent  # noqa: E402
 from serving.prometheus import fetch, total  # noqa: E402
 from tests.stack import PROMPTS, TEST_LIMITS, stack_profile  # noqa: E402, F401 (PROMPTS: relkit.PROMPTS)
 from tests.triton_helpers import wait_for  # noqa: E402 (the reliability tests call relkit.wait_for too)
@@ -334,7 +335,8 @@ def launch_cli(repo: Path, out: Path, ports: list[int], exit_timeout_secs: int =
         cmd.append("--no-openai")
     if extra:
         cmd += ["--", *extra]
-    return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT,
+                            preexec_fn=stop_with_parent())  # a killed run leaves no launcher (and so no server)
 
 
 def wait_cli_ready(proc: subprocess.Popen, out: Path, timeout: float = 240.0) -> None:
