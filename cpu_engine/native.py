@@ -1,6 +1,6 @@
-"""The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): int8_sq's W8A8 projection, int4_awq's decode-step
-projection on bf16 dot products, a decode step's attention read in place from the paged cache, and the runner of
-the compiled decode step (without the GIL). Compiled ahead of time with every engine, cached next to it, and loaded
+"""The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): int8_sq's W8A8 projection, the weight-only int8
+projection and head on a tiled layout, int4_awq's decode-step projection on bf16 dot products, a decode step's
+attention read in place from the paged cache, and the runner of the compiled decode step (without the GIL). Compiled ahead of time with every engine, cached next to it, and loaded
 with it; eager PyTorch is the fallback wherever no library can be found or built (no compiler, another torch,
 ``LLM_CPU_KERNELS=eager``): bit for bit the projection's numbers, int4's within float32 rounding order (ATen's
 int4 kernel, also where the CPU lacks AVX512-BF16), the attention's within bf16 rounding (ATen's matmuls round the
@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 SOURCES = tuple(Path(__file__).parent / "kernels" / name
-                for name in ("int8_linear.cpp", "int4_linear.cpp", "decode_attention.cpp", "compiled_runner.cpp"))
+                for name in ("int8_linear.cpp", "int8_wo_linear.cpp", "int4_linear.cpp", "decode_attention.cpp",
+                             "compiled_runner.cpp"))
 HEADERS = (Path(__file__).parent / "kernels" / "lanes.h",)  # included by the sources: part of the key
 LIBRARY = "llm_cpu_kernels"
 # -fopenmp: at::parallel_for is a header template that runs its loop on one thread unless _OPENMP is defined. The
@@ -121,6 +122,8 @@ def _register_fakes() -> None:
     torch.library.register_fake("llm_cpu::int4_linear")(
         lambda x, packed, scales_zeros, group, out_features: x.new_empty((*x.shape[:-1], out_features),
                                                                          dtype=torch.bfloat16))
+    torch.library.register_fake("llm_cpu::int8_wo_linear")(
+        lambda x, packed, scales: x.new_empty((*x.shape[:-1], scales.numel()), dtype=torch.bfloat16))
 
 
 def available() -> bool:
@@ -135,9 +138,17 @@ def int4_dot() -> bool:
             and torch.backends.cpu.get_cpu_capability().startswith("AVX512"))
 
 
+def int8_wo_tiles() -> bool:
+    """Whether weight-only int8 projections and heads run the library's kernel on its tiled layout (loaded, AVX-512
+    and torch's AVX-512 capability, whose ``_weight_int8pack_mm`` numbers it reproduces) rather than ATen's."""
+    return (_loaded is not None and bool(torch.ops.llm_cpu.int8_wo_supported())
+            and torch.backends.cpu.get_cpu_capability().startswith("AVX512"))
+
+
 def describe() -> str:
     """Which kernels this process runs, for logs and the benchmark's table."""
     if _loaded is None:
         return "eager"
     int4 = "; int4 decode on bf16 dot products" if int4_dot() else ""
-    return f"C++ ({torch.ops.llm_cpu.int8_linear_isa()}{int4}) from {_loaded}"
+    int8_wo = "; int8 weight-only in tiles" if int8_wo_tiles() else ""
+    return f"C++ ({torch.ops.llm_cpu.int8_linear_isa()}{int4}{int8_wo}) from {_loaded}"

@@ -194,6 +194,57 @@ def test_int4_linear_equals_atens_int4_kernel(int8_sq_engine, isa):
         assert differ <= 0.02, (case, differ)  # one bf16 rounding apart, at a few of the outputs at most
 
 
+INT8_WO_CASES = ((49152, 576), (1003, 64), (576, 1536), (8, 16))  # (out, in): the default's head, a ragged tile
+
+
+@pytest.mark.parametrize("isa", ["native", "scalar"])
+def test_int8_weight_only_tiles_equal_atens_int8pack_mm(int8_sq_engine, isa):
+    """The weight-only int8 kernel (kernels/int8_wo_linear.cpp) on its tiled layout against ATen's
+    ``_weight_int8pack_mm`` on the plain one: bit for bit, for the rows it gets (decode rows up to int8's dequantising
+    threshold; the head's below its tied threshold), with a last tile of 3 outputs and one of 8 rows. The tiled module
+    gives back its plain weight (the prompt chunks' dequantised GEMM reads it). Without AVX-512 the engine keeps
+    ATen's kernel and the op refuses."""
+    code = f"""
+        import torch
+        from cpu_engine import native
+        from cpu_engine.quant import INT8_DEQUANT_ROWS, WeightOnlyInt8Linear
+        assert native.load({str(int8_sq_engine)!r}) is None
+        report = {{"tiles": native.int8_wo_tiles()}}
+        if not native.int8_wo_tiles():
+            try:
+                torch.ops.llm_cpu.int8_wo_linear(torch.zeros(1, 16, dtype=torch.bfloat16),
+                                                 torch.zeros(1, 1, 8, 16, dtype=torch.int8),
+                                                 torch.ones(8, dtype=torch.bfloat16))
+            except RuntimeError as exc:
+                report["refused"] = str(exc).splitlines()[0]
+            print(report)
+            raise SystemExit
+        for out_f, in_f in {INT8_WO_CASES!r}:
+            torch.manual_seed(out_f)
+            linear = WeightOnlyInt8Linear.from_weight(torch.randn(out_f, in_f))
+            plain = linear.weight.clone()
+            linear.tile()
+            assert [n for n, _ in linear.named_buffers()] == ["scales", "tiled_weight"]
+            assert torch.equal(linear.int8_weight(), plain)
+            for rows in (1, 2, 3, 4, 5, 8, 16, INT8_DEQUANT_ROWS - 1):
+                x = torch.randn(rows, in_f).to(torch.bfloat16) * 4
+                want = torch._weight_int8pack_mm(x, plain, linear.scales)
+                report[(out_f, in_f, rows)] = torch.equal(linear(x[None])[0], want)
+        print(report)
+    """
+    done = run_python(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
+    assert done.returncode == 0, done.stderr
+    report = eval(done.stdout)  # noqa: S307 - our own subprocess's dict literal
+    if not report.pop("tiles"):
+        assert "AVX-512" in report.pop("refused")
+        if isa == "native":
+            pytest.skip("this CPU has no AVX-512: the engine runs ATen's int8 kernel")
+        return
+    assert isa == "native"
+    assert len(report) == len(INT8_WO_CASES) * 8
+    assert all(report.values()), [case for case, equal in report.items() if not equal]
+
+
 def _logits(loaded, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill logits of every position, then one 4-row decode step (rows at different positions)."""
     model = loaded.model
