@@ -261,11 +261,20 @@ def plot(result: dict, out: Path) -> None:
     ax3.set_ylabel("RSS (MiB)")
     ax3.set_xlabel("seconds from the start of the load (after it: the server coming to rest)")
     ax3.legend(loc="center right")
-    fig.suptitle(f"Hang-up storm via the OpenAI front door: {result['report']['concurrency']} clients, "
-                 f"{result['report']['abandon']:.0%} hang up")
+    layout = result["report"].get("layout")
+    fig.suptitle(f"Hang-up storm via the OpenAI front door{f' ({layout})' if layout else ''}: "
+                 f"{result['report']['concurrency']} clients, {result['report']['abandon']:.0%} hang up")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def layout_of(repo: Path) -> str:
+    """The GPU layout's llm names the executor bindings it imports (TensorRT-LLM's, or the CPU stand-in's)."""
+    config = (repo / "llm" / "config.pbtxt").read_text()
+    if "executor_bindings" not in config:
+        return "CPU layout"
+    return "GPU layout" + ("" if "tensorrt_llm.bindings" in config else ", stand-in executor")
 
 
 def main() -> None:
@@ -300,7 +309,7 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     log = args.workdir / f"{args.name}-launcher.log"
     launcher = relkit.launch_cli(repo, log, ports, exit_timeout_secs=30)
-    report: dict = {"repository": str(repo), "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+    report: dict = {"repository": str(repo), "layout": layout_of(repo), "concurrency": args.concurrency, "max_tokens": args.max_tokens,
                     "abandon": args.abandon, "max_delay_s": args.max_delay_s, "duration_s": args.duration,
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     samples = Samples(launcher.pid, f"http://localhost:{ports[2]}/metrics", f"http://localhost:{ports[3]}/metrics")
