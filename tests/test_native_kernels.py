@@ -129,6 +129,22 @@ def test_decode_attention_matches_sdpa_over_the_gathered_cache(int8_sq_engine, i
         assert error < (1e-5 if dtype == "torch.float32" else 2 ** -6), (dtype, error)
 
 
+def _kernel_report(code: str, isa: str, needs: str, aten: str) -> dict | None:
+    """Run a kernel check in its own process (``isa``: "scalar" turns AVX-512 off). ``code`` prints a dict whose
+    "runs" says whether the engine uses the kernel here, and where it does not, "refused": the op's own error,
+    which must name what it ``needs``. None where it does not run (a skip on this CPU when native)."""
+    done = run_python(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
+    assert done.returncode == 0, done.stderr
+    report = eval(done.stdout)  # noqa: S307 - our own subprocess's dict literal
+    if not report.pop("runs"):
+        assert needs in report.pop("refused")
+        if isa == "native":
+            pytest.skip(f"this CPU has no {needs}: the engine runs ATen's {aten} kernel")
+        return None
+    assert isa == "native"
+    return report
+
+
 INT4_CASES = ((128, 64, 32), (208, 128, 64), (80, 96, 32), (16, 64, 64), (192, 256, 128))  # (out, in, group)
 
 
@@ -147,7 +163,7 @@ def test_int4_linear_equals_atens_int4_kernel(int8_sq_engine, isa):
         from cpu_engine import native
         from cpu_engine.quant import Int4Linear, int4_group_dequantise
         assert native.load({str(int8_sq_engine)!r}) is None
-        report = {{"dot": native.int4_dot()}}
+        report = {{"runs": native.int4_dot()}}
         if not native.int4_dot():
             try:
                 torch.ops.llm_cpu.int4_linear(torch.zeros(1, 64, dtype=torch.bfloat16),
@@ -179,15 +195,9 @@ def test_int4_linear_equals_atens_int4_kernel(int8_sq_engine, isa):
                                                       bool(((got - product).abs() <= bound).all()), same)
         print(report)
     """
-    done = run_python(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
-    assert done.returncode == 0, done.stderr
-    report = eval(done.stdout)  # noqa: S307 - our own subprocess's dict literal
-    if not report.pop("dot"):
-        assert "AVX512-BF16" in report.pop("refused")
-        if isa == "native":
-            pytest.skip("this CPU has no AVX512-BF16: the engine runs ATen's int4 kernel")
+    report = _kernel_report(code, isa, needs="AVX512-BF16", aten="int4")
+    if report is None:
         return
-    assert isa == "native"
     assert len(report) == len(INT4_CASES) * 9
     for case, (differ, within, prompt_on_aten) in report.items():
         assert within and prompt_on_aten, case
@@ -209,7 +219,7 @@ def test_int8_weight_only_tiles_equal_atens_int8pack_mm(int8_sq_engine, isa):
         from cpu_engine import native
         from cpu_engine.quant import INT8_DEQUANT_ROWS, WeightOnlyInt8Linear
         assert native.load({str(int8_sq_engine)!r}) is None
-        report = {{"tiles": native.int8_wo_tiles()}}
+        report = {{"runs": native.int8_wo_tiles()}}
         if not native.int8_wo_tiles():
             try:
                 torch.ops.llm_cpu.int8_wo_linear(torch.zeros(1, 16, dtype=torch.bfloat16),
@@ -232,15 +242,9 @@ def test_int8_weight_only_tiles_equal_atens_int8pack_mm(int8_sq_engine, isa):
                 report[(out_f, in_f, rows)] = torch.equal(linear(x[None])[0], want)
         print(report)
     """
-    done = run_python(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
-    assert done.returncode == 0, done.stderr
-    report = eval(done.stdout)  # noqa: S307 - our own subprocess's dict literal
-    if not report.pop("tiles"):
-        assert "AVX-512" in report.pop("refused")
-        if isa == "native":
-            pytest.skip("this CPU has no AVX-512: the engine runs ATen's int8 kernel")
+    report = _kernel_report(code, isa, needs="AVX-512", aten="int8")
+    if report is None:
         return
-    assert isa == "native"
     assert len(report) == len(INT8_WO_CASES) * 8
     assert all(report.values()), [case for case, equal in report.items() if not equal]
 
