@@ -129,11 +129,27 @@ def test_decode_attention_matches_sdpa_over_the_gathered_cache(int8_sq_engine, i
         assert error < (1e-5 if dtype == "torch.float32" else 2 ** -6), (dtype, error)
 
 
-def _kernel_report(code: str, isa: str, needs: str, aten: str) -> dict | None:
-    """Run a kernel check in its own process (``isa``: "scalar" turns AVX-512 off). ``code`` prints a dict whose
-    "runs" says whether the engine uses the kernel here, and where it does not, "refused": the op's own error,
-    which must name what it ``needs``. None where it does not run (a skip on this CPU when native)."""
-    done = run_python(code, {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
+def _kernel_report(engine: Path, isa: str, runs: str, refuse: str, check: str, needs: str, aten: str) -> dict | None:
+    """Run a kernel check in its own process (``isa``: "scalar" turns AVX-512 off), with ``engine``'s library
+    loaded. Where ``runs`` (an expression) is false, the engine keeps ATen's kernel and the op, called as ``refuse``,
+    must refuse and name what it ``needs``: None (a skip on this CPU when native). Elsewhere ``check`` runs with
+    ``report = {}`` and prints it, and the report is returned."""
+    preamble = f"""
+        import torch
+        from cpu_engine import native
+        assert native.load({str(engine)!r}) is None
+        if not {runs}:
+            report = {{"runs": False}}
+            try:
+                {refuse}
+            except RuntimeError as exc:
+                report["refused"] = str(exc).splitlines()[0]
+            print(report)
+            raise SystemExit
+        report = {{"runs": True}}
+    """
+    done = run_python(textwrap.dedent(preamble) + textwrap.dedent(check),
+                      {"LLM_CPU_KERNELS_ISA": "scalar"} if isa == "scalar" else None)
     assert done.returncode == 0, done.stderr
     report = eval(done.stdout)  # noqa: S307 - our own subprocess's dict literal
     if not report.pop("runs"):
@@ -158,21 +174,8 @@ def test_int4_linear_equals_atens_int4_kernel(int8_sq_engine, isa):
     with a few rows (weights dequantised in registers) and more (a block's weights dequantised once). The module then
     holds that one layout, not ATen's too. Without AVX-512 (``LLM_CPU_KERNELS_ISA=scalar``, or a CPU without
     AVX512-BF16) the engine keeps ATen's kernel, and the op says why it cannot run."""
-    code = f"""
-        import torch
-        from cpu_engine import native
+    check = f"""
         from cpu_engine.quant import Int4Linear, int4_group_dequantise
-        assert native.load({str(int8_sq_engine)!r}) is None
-        report = {{"runs": native.int4_dot()}}
-        if not native.int4_dot():
-            try:
-                torch.ops.llm_cpu.int4_linear(torch.zeros(1, 64, dtype=torch.bfloat16),
-                                              torch.zeros(1, 512, dtype=torch.uint8),
-                                              torch.zeros(1, 2, 2, 16, dtype=torch.bfloat16), 32, 16)
-            except RuntimeError as exc:
-                report["refused"] = str(exc).splitlines()[0]
-            print(report)
-            raise SystemExit
         for out_f, in_f, group in {INT4_CASES!r}:
             torch.manual_seed(out_f)
             weight = torch.randn(out_f, in_f) * 0.05
@@ -195,7 +198,9 @@ def test_int4_linear_equals_atens_int4_kernel(int8_sq_engine, isa):
                                                       bool(((got - product).abs() <= bound).all()), same)
         print(report)
     """
-    report = _kernel_report(code, isa, needs="AVX512-BF16", aten="int4")
+    refuse = ("torch.ops.llm_cpu.int4_linear(torch.zeros(1, 64, dtype=torch.bfloat16), "
+              "torch.zeros(1, 512, dtype=torch.uint8), torch.zeros(1, 2, 2, 16, dtype=torch.bfloat16), 32, 16)")
+    report = _kernel_report(int8_sq_engine, isa, "native.int4_dot()", refuse, check, needs="AVX512-BF16", aten="int4")
     if report is None:
         return
     assert len(report) == len(INT4_CASES) * 9
@@ -214,21 +219,8 @@ def test_int8_weight_only_tiles_equal_atens_int8pack_mm(int8_sq_engine, isa):
     threshold; the head's below its tied threshold), with a last tile of 3 outputs and one of 8 rows. The tiled module
     gives back its plain weight (the prompt chunks' dequantised GEMM reads it). Without AVX-512 the engine keeps
     ATen's kernel and the op refuses."""
-    code = f"""
-        import torch
-        from cpu_engine import native
+    check = f"""
         from cpu_engine.quant import INT8_DEQUANT_ROWS, WeightOnlyInt8Linear
-        assert native.load({str(int8_sq_engine)!r}) is None
-        report = {{"runs": native.int8_wo_tiles()}}
-        if not native.int8_wo_tiles():
-            try:
-                torch.ops.llm_cpu.int8_wo_linear(torch.zeros(1, 16, dtype=torch.bfloat16),
-                                                 torch.zeros(1, 1, 8, 16, dtype=torch.int8),
-                                                 torch.ones(8, dtype=torch.bfloat16))
-            except RuntimeError as exc:
-                report["refused"] = str(exc).splitlines()[0]
-            print(report)
-            raise SystemExit
         for out_f, in_f in {INT8_WO_CASES!r}:
             torch.manual_seed(out_f)
             linear = WeightOnlyInt8Linear.from_weight(torch.randn(out_f, in_f))
@@ -242,7 +234,10 @@ def test_int8_weight_only_tiles_equal_atens_int8pack_mm(int8_sq_engine, isa):
                 report[(out_f, in_f, rows)] = torch.equal(linear(x[None])[0], want)
         print(report)
     """
-    report = _kernel_report(code, isa, needs="AVX-512", aten="int8")
+    refuse = ("torch.ops.llm_cpu.int8_wo_linear(torch.zeros(1, 16, dtype=torch.bfloat16), "
+              "torch.zeros(1, 1, 8, 16, dtype=torch.int8), torch.ones(8, dtype=torch.bfloat16))")
+    report = _kernel_report(int8_sq_engine, isa, "native.int8_wo_tiles()", refuse, check, needs="AVX-512",
+                            aten="int8")
     if report is None:
         return
     assert len(report) == len(INT8_WO_CASES) * 8
