@@ -1,10 +1,10 @@
 """The engine's own C++ kernels (``cpu_engine/kernels/*.cpp``): int8_sq's W8A8 projection, the weight-only int8
 projection and head on a tiled layout, int4_awq's decode-step projection on bf16 dot products, a decode step's
-attention read in place from the paged cache, and the runner of the compiled decode step (without the GIL). Compiled ahead of time with every engine, cached next to it, and loaded
-with it; eager PyTorch is the fallback wherever no library can be found or built (no compiler, another torch,
-``LLM_CPU_KERNELS=eager``): bit for bit the projection's numbers, int4's within float32 rounding order (ATen's
-int4 kernel, also where the CPU lacks AVX512-BF16), the attention's within bf16 rounding (ATen's matmuls round the
-scores to bf16, the kernel keeps float32).
+attention read in place from the paged cache, and the runner of the compiled decode step (without the GIL). Compiled
+ahead of time with every engine, cached next to it, and loaded with it; eager PyTorch is the fallback wherever no
+library can be found or built (no compiler, another torch, ``LLM_CPU_KERNELS=eager``): bit for bit the projection's
+numbers, int4's within float32 rounding order (ATen's int4 kernel, also where the CPU lacks AVX512-BF16), the
+attention's within bf16 rounding (ATen's matmuls round the scores to bf16, the kernel keeps float32).
 
 A library is keyed by its sources, torch's version and the Python ABI, so an engine directory carried to a
 machine with another torch builds (or falls back) instead of loading a library built against other headers."""
@@ -131,18 +131,22 @@ def available() -> bool:
     return _loaded is not None
 
 
-def int4_dot() -> bool:
-    """Whether int4 projections run the library's bf16 dot-product kernel (loaded, the CPU has AVX512-BF16, and
-    torch's capability, which ``ATEN_CPU_CAPABILITY`` lowers, is AVX-512) rather than ATen's int4 kernel."""
-    return (_loaded is not None and bool(torch.ops.llm_cpu.int4_supported())
+def _kernel_runs(supported: str) -> bool:
+    """The library is loaded, its ``supported`` op says this CPU runs the kernel, and torch's capability (which
+    ``ATEN_CPU_CAPABILITY`` lowers) is AVX-512: the ATen kernels whose numbers ours reproduce are its AVX-512 ones."""
+    return (_loaded is not None and bool(getattr(torch.ops.llm_cpu, supported)())
             and torch.backends.cpu.get_cpu_capability().startswith("AVX512"))
+
+
+def int4_dot() -> bool:
+    """Whether int4 projections run the library's bf16 dot-product kernel (AVX512-BF16) rather than ATen's."""
+    return _kernel_runs("int4_supported")
 
 
 def int8_wo_tiles() -> bool:
-    """Whether weight-only int8 projections and heads run the library's kernel on its tiled layout (loaded, AVX-512
-    and torch's AVX-512 capability, whose ``_weight_int8pack_mm`` numbers it reproduces) rather than ATen's."""
-    return (_loaded is not None and bool(torch.ops.llm_cpu.int8_wo_supported())
-            and torch.backends.cpu.get_cpu_capability().startswith("AVX512"))
+    """Whether weight-only int8 projections and heads run the library's kernel on its tiled layout (AVX-512)
+    rather than ATen's ``_weight_int8pack_mm``."""
+    return _kernel_runs("int8_wo_supported")
 
 
 def describe() -> str:

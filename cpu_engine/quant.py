@@ -133,7 +133,7 @@ class WeightOnlyInt8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        if rows.shape[0] >= INT8_DEQUANT_ROWS and self.scales.numel() * self.in_features <= INT8_DEQUANT_MAX_ELEMENTS:
+        if rows.shape[0] >= INT8_DEQUANT_ROWS and self.out_features * self.in_features <= INT8_DEQUANT_MAX_ELEMENTS:
             out = F.linear(rows, self.int8_weight().to(torch.bfloat16) * self.scales[:, None])
         elif self.tiled:
             out = torch.ops.llm_cpu.int8_wo_linear(rows, self.tiled_weight, self.scales)

@@ -6,8 +6,8 @@
 // _mm512_reduce_add_ps, rounded to bf16. Its tiles read 4 weight rows at once, 16 bytes of each per step: four
 // interleaved 576-byte streams that the hardware prefetcher follows badly (one 49,152 x 576 head, 1 row, 2 threads
 // on Zen 4: 2.0-3.2 ms, 9-14 GB/s, where a sequential read runs at ~26 GB/s). Here the weights are laid out per
-// tile of 8 outputs and step of 16 inputs (int8_wo_pack: [ceil(N / 8), K / 16, 8, 16]), so a tile is one
-// sequential read, and each output goes through the same operations in the same order: the same bits.
+// tile of 8 outputs and step of 16 inputs (quant.WeightOnlyInt8Linear.tile: [ceil(N / 8), K / 16, 8, 16]), so a
+// tile is one sequential read, and each output goes through the same operations in the same order: the same bits.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -34,7 +34,8 @@ __attribute__((target("avx512f,avx512bw")))
 void tile(const BFloat16* x, const int8_t* tile_weights, const BFloat16* scales, int64_t k_len, int64_t n_len,
           int64_t m0, int64_t n0, BFloat16* out) {
   __m512 scale[kCols], acc[Rows][kCols];
-  for (int64_t c = 0; c < kCols; ++c) scale[c] = _mm512_set1_ps(n0 + c < n_len ? static_cast<float>(scales[n0 + c]) : 0.f);
+  for (int64_t c = 0; c < kCols; ++c)
+    scale[c] = _mm512_set1_ps(n0 + c < n_len ? static_cast<float>(scales[n0 + c]) : 0.f);  // zero rows pad the last
   for (int r = 0; r < Rows; ++r)
     for (int64_t c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t k = 0; k < k_len; k += kStep) {
@@ -63,7 +64,8 @@ at::Tensor int8_wo_linear(const at::Tensor& x, const at::Tensor& packed, const a
   TORCH_CHECK(packed.scalar_type() == at::kChar && packed.is_contiguous() && packed.dim() == 4 &&
                   packed.size(0) == tiles && packed.size(1) * kStep == k_len && packed.size(2) == kCols &&
                   packed.size(3) == kStep,
-              "int8_wo_linear: packed must be int8_wo_pack's int8 [", tiles, ", ", k_len / kStep, ", 8, 16]");
+              "int8_wo_linear: packed must be WeightOnlyInt8Linear.tile()'s int8 [", tiles, ", ", k_len / kStep,
+              ", 8, 16]");
   TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.is_contiguous(),
               "int8_wo_linear: scales must be contiguous bfloat16 [out]");
   const at::Tensor rows = x.reshape({-1, k_len}).contiguous();
@@ -77,7 +79,8 @@ at::Tensor int8_wo_linear(const at::Tensor& x, const at::Tensor& packed, const a
     for (int64_t t = begin; t < end; ++t) {
       const int8_t* weights = wp + t * k_len * kCols;
       int64_t m0 = 0;
-      for (; m0 + kRowTile <= m_len; m0 += kRowTile) tile<kRowTile>(xp, weights, sp, k_len, n_len, m0, t * kCols, op);
+      for (; m0 + kRowTile <= m_len; m0 += kRowTile)
+        tile<kRowTile>(xp, weights, sp, k_len, n_len, m0, t * kCols, op);
       for (; m0 < m_len; ++m0) tile<1>(xp, weights, sp, k_len, n_len, m0, t * kCols, op);
     }
   });
