@@ -42,6 +42,11 @@ class LLMStage(_Strict):
     max_queue_size: int = Field(64, ge=1, description="requests waiting for a KV slot before UNAVAILABLE")
     cpu_threads: int = Field(0, ge=0, description="torch threads for the CPU engine; 0 = all cores")
     drain_timeout_s: float = Field(25.0, gt=0, description="finalize() waits this long for in-flight requests")
+    # Each response costs the serving path ~100 µs of CPU whatever it carries (docs/benchmarks/serving-cost.md);
+    # 50 ms is 20 updates a second per stream, smoother than a person reads.
+    stream_interval_ms: float = Field(50.0, ge=0, description="a stream's next response waits until this long after "
+                                                              "its last (its first token and its end go at once); "
+                                                              "0: a response per engine step")
     # TensorRT-LLM's names. 16,384 tokens is what the engine held before its cache was paged (16 slots × 1,024):
     # now one request may take the whole 8,192-token context and the rest is shared, prefixes included.
     max_tokens_in_paged_kv_cache: int | None = Field(

@@ -153,7 +153,7 @@ def llm_config(p: ServingProfile, limits: dict) -> mc.ModelConfig:
                         p.llm.instances,
                         {"engine_dir": p.engine_dir, "tokenizer_dir": p.tokenizer_dir,
                          "max_queue_size": p.llm.max_queue_size, "cpu_threads": p.llm.cpu_threads,
-                         "drain_timeout_s": p.llm.drain_timeout_s})
+                         "drain_timeout_s": p.llm.drain_timeout_s, "stream_interval_ms": p.llm.stream_interval_ms})
     cfg.model_transaction_policy.decoupled = True
     # No dynamic batcher: execute() only enqueues, so Triton's queue stays short without one (the engine's bounded
     # queue rejects), and Triton 2.51's batcher can sleep out its 500 ms timeout with the instance free (B12 in

@@ -27,4 +27,5 @@ def test_chat_names_paris_streamed_and_not(front):
         chunks = [c.choices[0].delta.content for c in sdk.chat.completions.create(model=model, messages=QUESTION,
                                                                                    stream=True)
                   if c.choices and c.choices[0].delta.content]
-    assert len(chunks) > 3 and "".join(chunks) == answer
+    # Streamed: the first token at once, the rest at most every stream_interval_ms (builders/profile.py).
+    assert len(chunks) >= 2 and "".join(chunks) == answer

@@ -54,6 +54,10 @@ class _Stream:
     running: int = 1  # sequences not ended yet
     output_tokens: int = 0  # of the sequences that ended
     failed: bool = False  # the engine failed one of its sequences: the request counts as an error
+    due: list[float] = field(default_factory=list)  # per sequence: when its next response may go (monotonic)
+
+    def __post_init__(self) -> None:
+        self.due = [0.0] * len(self.sequences)  # a first token goes at once
 
 
 class TritonPythonModel:
@@ -62,6 +66,7 @@ class TritonPythonModel:
         params = model_parameters(args)
         self.table = token_bytes_table(params["tokenizer_dir"])
         self.drain_timeout_s = float(params.get("drain_timeout_s", "25"))
+        self.stream_interval_s = float(params.get("stream_interval_ms", "0")) / 1e3
         self._streams: dict[str, _Stream] = {}
         self._by_client_id: dict[str, str] = {}  # client request id → ours, for the `stop` input
         self._stopped: set[str] = set()
@@ -272,17 +277,14 @@ class TritonPythonModel:
 
     # ---- responses (sender thread) ------------------------------------------------------------------
     def _send_loop(self):
+        # Tokens that arrived together leave together, and a stream's next response waits until
+        # ``stream_interval_ms`` after its last one (its first token and its end go at once): responses are what the
+        # serving path pays for (docs/benchmarks/serving-cost.md), so under load one response carries several tokens.
+        pending: dict[tuple[str, int], _Stream] = {}  # sequences with tokens not sent yet
         stop = False
         while not stop:
-            events = [self._events.get()]
-            while True:
-                try:
-                    events.append(self._events.get_nowait())
-                except queue.Empty:
-                    break
-            # Tokens that arrived together leave together: under load one response carries several tokens,
-            # so responses per second do not grow with the number of streams.
-            pending: dict[tuple[str, int], _Stream] = {}
+            due = min((stream.due[index] for (_, index), stream in pending.items()), default=None)
+            events = self._next_events(None if due is None else max(0.0, due - time.monotonic()))
             for event in events:
                 if event is None:
                     stop = True
@@ -297,11 +299,26 @@ class TritonPythonModel:
                 else:
                     pending.pop(key, None)
                     self._finish(stream, event)
-            for (_, index), stream in pending.items():
-                chunk = stream.sequences[index].ready()
+            now = time.monotonic()
+            for key in [key for key, stream in pending.items() if stream.due[key[1]] <= now]:
+                stream = pending.pop(key)
+                chunk = stream.sequences[key[1]].ready()
                 if chunk is not None:
                     self._send(stream, chunk, final=False)
+                    stream.due[key[1]] = now + self.stream_interval_s
             self._update_gauges()
+
+    def _next_events(self, timeout: float | None) -> list:
+        """Every event queued by now: waits for the first one up to ``timeout`` (None: until one comes)."""
+        try:
+            events = [self._events.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                events.append(self._events.get_nowait())
+            except queue.Empty:
+                return events
 
     def _update_gauges(self, force: bool = False) -> None:
         engine = self.engine
