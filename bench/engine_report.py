@@ -151,6 +151,15 @@ def _results_table(data: dict, model: str) -> list[str]:
     return lines
 
 
+def _stream_pacing(data: dict) -> str:
+    """How the Triton llm paced a stream's responses in this run (runs before it was recorded: a response per step)."""
+    values = sorted({r.get("stream_interval_ms", 0.0) for r in data["records"] if r.get("peer") == "triton"})
+    if not any(values):
+        return "a response per engine step"
+    every = " / ".join(f"{v:g} ms" for v in values)
+    return f"a stream's first token at once, then a response at most every {every} with the tokens made since the last"
+
+
 def write_markdown(data: dict, out: Path) -> Path:
     meta, m = data["meta"], data["meta"]["machine"]
     opts = meta["options"]
@@ -185,8 +194,8 @@ def write_markdown(data: dict, out: Path) -> Path:
           "llama.cpp sources, `--parallel` = the most streams, continuous batching) gets the same prompts as token "
           "ids over concurrent streaming `/completion` requests (`ignore_eos`, greedy, no prompt cache), every level "
           "on one server. The Triton peer goes through the whole "
-          "ensemble (tokeniser → llm → detokeniser per streamed token) with the gRPC client in the benchmark "
-          "process, which shares the same 2 cores with the server (as the llama-server clients do).", ""]
+          f"ensemble (tokeniser → llm, which streams text: {_stream_pacing(data)}) with the gRPC client in the "
+          "benchmark process, which shares the same 2 cores with the server (as the llama-server clients do).", ""]
     for name in data["models"]:
         L += [f"## Results: {name}", ""] + _results_table(data, name) + [""]
     L += _cpu_breakdown(data)

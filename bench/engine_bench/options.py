@@ -31,6 +31,7 @@ class Options:
     b1_reps: int
     hf_requests: int
     threads: int
+    stream_interval_ms: float | None  # the Triton llm's; None: the profile's
     work_dir: Path
     out_md: Path
     out_json: Path
@@ -58,6 +59,8 @@ def parse_args(argv: list[str] | None, description: str | None = None) -> Option
     p.add_argument("--b1-reps", type=int, help="single requests for batch-1 decode and TTFT (default 3; quick 2)")
     p.add_argument("--hf-requests", type=int, help="requests served one at a time by HF (default 3; quick 2)")
     p.add_argument("--threads", type=int, default=2, help="torch / llama.cpp / server threads (set once)")
+    p.add_argument("--stream-interval-ms", type=float,
+                   help="the Triton llm's hold between a stream's responses (default: builders/profiles/cpu.yaml's)")
     p.add_argument("--work-dir", type=Path, default=PROJECT_ROOT / "build" / "bench")
     p.add_argument("--out-md", type=Path, help="default docs/benchmarks/engine.md (quick: build/bench/report/)")
     p.add_argument("--out-json", type=Path, help="default docs/benchmarks/engine.json (quick: build/bench/report/)")
@@ -89,7 +92,7 @@ def parse_args(argv: list[str] | None, description: str | None = None) -> Option
         requests_per_stream=a.requests_per_stream or 1,
         b1_reps=a.b1_reps or (2 if a.quick else 3),
         hf_requests=a.hf_requests or (2 if a.quick else 3),
-        threads=a.threads, work_dir=a.work_dir,
+        threads=a.threads, stream_interval_ms=a.stream_interval_ms, work_dir=a.work_dir,
         # A quick run never overwrites the full report in docs/.
         out_md=a.out_md or ((a.work_dir / "report" if a.quick else PROJECT_ROOT / "docs" / "benchmarks") / "engine.md"),
         out_json=a.out_json or ((a.work_dir / "report" if a.quick else PROJECT_ROOT / "docs" / "benchmarks")

@@ -21,7 +21,10 @@ def bench_triton(model: BenchModel, variant: str, engine_dir: Path, opts: Option
 
     profile = ServingProfile.from_yaml(PROJECT_ROOT / "builders" / "profiles" / "cpu.yaml",
                                        engine_dir=str(engine_dir), tokenizer_dir=str(model.checkpoint))
-    profile = profile.model_copy(update={"llm": LLMStage(**{**profile.llm.model_dump(), "cpu_threads": opts.threads})})
+    llm = {**profile.llm.model_dump(), "cpu_threads": opts.threads}
+    if opts.stream_interval_ms is not None:
+        llm["stream_interval_ms"] = opts.stream_interval_ms
+    profile = profile.model_copy(update={"llm": LLMStage(**llm)})
     repo = render_repository(profile, opts.work_dir / "repos" / f"{model.name}-{variant}")
     log = opts.work_dir / "logs" / f"triton-{model.name}-{variant}.log"
     config = ServerConfig(model_repository=repo, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_secs=10,
@@ -31,7 +34,8 @@ def bench_triton(model: BenchModel, variant: str, engine_dir: Path, opts: Option
         ready_s = time.perf_counter() - t0
         url = server.urls.grpc
         n, prompts = opts.new_tokens, model.prompts
-        base = {"model": model.name, "peer": "triton", "variant": variant, "server_ready_s": ready_s}
+        base = {"model": model.name, "peer": "triton", "variant": variant, "server_ready_s": ready_s,
+                "stream_interval_ms": profile.llm.stream_interval_ms}
         asyncio.run(_triton_streams(url, 1, 1, prompts[-1:], n))  # warm-up, as for the in-process engine
         for c in sorted(set(opts.streams) | {1}):
             asyncio.run(_triton_streams(url, c, 1, prompts, 4))
