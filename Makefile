@@ -16,7 +16,7 @@ REPOSITORY := build/model_repository
 PROFILE := builders/profiles/cpu.yaml
 # VARIANT=<name>: serve another CPU engine variant (fp32 bf16 int8_wo int8_sq int4_awq fp8; quality of each in
 # docs/evaluation.md), built once into its own folder. The default is the profile's engine (int4_awq: the fastest
-# variant that meets both quality targets; int8_sq, faster at 16 streams, misses the chat one).
+# variant that meets both quality targets; int8_sq, with the shortest first token at 16 streams, misses the chat one).
 DEFAULT_VARIANT := $(patsubst smollm2-%,%,$(notdir $(shell sed -n 's/^engine_dir: *//p' $(PROFILE))))
 CPU_VARIANT := $(or $(VARIANT),$(DEFAULT_VARIANT))
 ENGINE_DIR := build/engines/smollm2-$(CPU_VARIANT)
