@@ -42,8 +42,8 @@ class LLMStage(_Strict):
     max_queue_size: int = Field(64, ge=1, description="requests waiting for a KV slot before UNAVAILABLE")
     cpu_threads: int = Field(0, ge=0, description="torch threads for the CPU engine; 0 = all cores")
     drain_timeout_s: float = Field(25.0, gt=0, description="finalize() waits this long for in-flight requests")
-    # Each response costs the serving path ~100 µs of CPU whatever it carries (docs/benchmarks/serving-cost.md);
-    # 50 ms is 20 updates a second per stream, smoother than a person reads.
+    # Each response costs the server ~85 µs of CPU whatever it carries, and the client its own share
+    # (docs/benchmarks/serving-cost.md); 50 ms is 20 updates a second per stream.
     stream_interval_ms: float = Field(50.0, ge=0, description="a stream's next response waits until this long after "
                                                               "its last (its first token and its end go at once); "
                                                               "0: a response per engine step")

@@ -54,7 +54,7 @@ class _Stream:
     running: int = 1  # sequences not ended yet
     output_tokens: int = 0  # of the sequences that ended
     failed: bool = False  # the engine failed one of its sequences: the request counts as an error
-    due: list[float] = field(default_factory=list)  # per sequence: when its next response may go (monotonic)
+    due: list[float] = field(init=False)  # per sequence: when its next response may go (monotonic)
 
     def __post_init__(self) -> None:
         self.due = [0.0] * len(self.sequences)  # a first token goes at once
