@@ -178,14 +178,16 @@ def measure_layout(layout: str, interval_ms: float, streams_levels: list[int], t
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| layout | stream interval | streams | tokens | wall s | CPU s | µs CPU / token | tokens/s per core | where the CPU went | "
+    lines = ["| layout | stream interval | streams | tokens | wall s | CPU s | µs CPU / token | tokens/s per core | "
+             "where the CPU went | "
              "stand-in tokens, µs / token (apart) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for r in rows:
         where = ", ".join(f"{k} {v / r.cpu_s:.0%}" for k, v in sorted(r.cpu_by_process.items(), key=lambda kv: -kv[1])
                           if k != STANDIN and v / r.cpu_s >= 0.01)
         standin = r.cpu_by_process.get(STANDIN)
-        lines.append(f"| {r.layout} | {r.stream_interval_ms:g} ms | {r.streams} | {r.tokens} | {r.wall_s:.1f} | {r.cpu_s:.2f} | "
+        lines.append(f"| {r.layout} | {r.stream_interval_ms:g} ms | {r.streams} | {r.tokens} | {r.wall_s:.1f} | "
+                     f"{r.cpu_s:.2f} | "
                      f"{r.us_per_token:.1f} | {r.tokens_per_core_s:,.0f} | {where} | "
                      f"{'' if standin is None else f'{1e6 * standin / r.tokens:.1f}'} |")
     return "\n".join(lines)
