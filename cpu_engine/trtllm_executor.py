@@ -49,6 +49,7 @@ from .admission import QueueFullError
 from .block_manager import prompt_blocks
 from .engine import EngineLimits, LLMEngine, TokenEvent
 from .engine_dir import load_engine, read_config
+from .queues import take_all
 from .sampling import SamplingParams
 from .scheduler import FinishReason as EngineFinish
 from .scheduler import GenerationRequest
@@ -424,15 +425,7 @@ class Executor:
         elif isinstance(timeout, int) and not isinstance(timeout, bool):
             raise TypeError("await_responses(): incompatible function arguments: timeout must be a timedelta or "
                             "float")
-        try:
-            responses = [self._responses.get(timeout=timeout)]
-        except queue.Empty:
-            return []
-        while True:
-            try:
-                responses.append(self._responses.get_nowait())
-            except queue.Empty:
-                return responses
+        return take_all(self._responses, timeout)
 
     def cancel_request(self, request_id: int) -> None:
         self._cancelled.add(request_id)

@@ -25,6 +25,7 @@ import triton_python_backend_utils as pb_utils
 
 from cpu_engine import (EngineLimits, FinishReason, GenerationRequest, LLMEngine, QueueFullError, SamplingParams,
                         TokenEvent, load_engine, read_config)
+from cpu_engine.queues import take_all
 from serving.cancel_watch import CancelWatch
 from serving.drain import LLM_GRACE_S, DrainGate
 from serving.early_stops import TTL_S, EarlyStops
@@ -284,7 +285,7 @@ class TritonPythonModel:
         stop = False
         while not stop:
             due = min((stream.due[index] for (_, index), stream in pending.items()), default=None)
-            events = self._next_events(None if due is None else max(0.0, due - time.monotonic()))
+            events = take_all(self._events, None if due is None else max(0.0, due - time.monotonic()))
             for event in events:
                 if event is None:
                     stop = True
@@ -307,18 +308,6 @@ class TritonPythonModel:
                     self._send(stream, chunk, final=False)
                     stream.due[key[1]] = now + self.stream_interval_s
             self._update_gauges()
-
-    def _next_events(self, timeout: float | None) -> list:
-        """Every event queued by now: waits for the first one up to ``timeout`` (None: until one comes)."""
-        try:
-            events = [self._events.get(timeout=timeout)]
-        except queue.Empty:
-            return []
-        while True:
-            try:
-                events.append(self._events.get_nowait())
-            except queue.Empty:
-                return events
 
     def _update_gauges(self, force: bool = False) -> None:
         engine = self.engine
