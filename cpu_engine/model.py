@@ -218,7 +218,11 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        # Given its (uninitialised) weight: the engine file fills it, and nn.Embedding's own init on the meta device
+        # (engine_dir builds there) runs normal_'s Python reference kernel, whose first call imports
+        # torch._dynamo and sympy: ~900 modules, ~70 MB of every served process that never compiles anything.
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size,
+                                         _weight=torch.empty(args.vocab_size, args.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.norm_eps)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
