@@ -35,7 +35,7 @@ from pathlib import Path
 import jsonschema
 import torch
 import xgrammar as xgr
-from transformers import AutoTokenizer
+from transformers import PreTrainedTokenizerFast
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 CACHE_SIZE = 128  # compiled guides kept per model (each 14-550 KiB)
@@ -194,7 +194,10 @@ class Grammars:
     ``tokenizer_dir``) over the model's ``vocab_size`` logits (embedding rows, which may exceed the tokenizer's)."""
 
     def __init__(self, tokenizer_dir: str | Path, vocab_size: int, cache_size: int = CACHE_SIZE):
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+        # The fast tokenizer's class itself, not AutoTokenizer: that resolves the class through transformers' model
+        # registry, which imports torch._dynamo and sympy (+130 MB in the served llm on the first guided request,
+        # +47 MB this way, the same vocabulary and metadata). serving/tokenizer.py needs tokenizer.json too.
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir), local_files_only=True)
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         # JSON allows no raw control character (U+0000-U+001F) in a string, and our JSON guides none outside one
