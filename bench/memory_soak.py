@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     goal = weights_mb + kv_mb + OVERHEAD_GOAL_MB
     result = {"engine_dir": str(profile.engine_dir), "requests": a.requests, "counts": counts, "wall_s": wall,
               "weights_mb": weights_mb, "kv_pool_mb": kv_mb, "goal_mb": goal, "rss_after_load_mb": after_load,
-              "rss_final_mb": final, "rss_at_rest_mb": at_rest, "rss_peak_mb": max((r for _, r in samples), default=final),
+              "rss_final_mb": final, "rss_at_rest_mb": at_rest,
+              "rss_peak_mb": max((r for _, r in samples), default=final),
               "milestones": milestones, "samples": samples, "memory_map": breakdown, "seed": a.seed}
     (out_dir / "memory.json").write_text(json.dumps(result, indent=1) + "\n")
     report(result, out_dir / "memory.md", " ".join(["python -m bench.memory_soak", *(argv or [])]).strip())

@@ -220,7 +220,7 @@ class Transformer(nn.Module):
         self.args = args
         # Given its (uninitialised) weight: the engine file fills it, and nn.Embedding's own init on the meta device
         # (engine_dir builds there) runs normal_'s Python reference kernel, whose first call imports
-        # torch._dynamo and sympy: ~900 modules, ~70 MB of every served process that never compiles anything.
+        # torch._dynamo and sympy: ~800 modules, ~70 MB of every served process, which never compiles anything.
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size,
                                          _weight=torch.empty(args.vocab_size, args.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
