@@ -15,18 +15,14 @@ uses: ``start``, ``submit``, ``queued``, ``active``, ``kv_occupancy``, ``kv_size
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 
-import torch
-
 from .admission import Admission
-from .engine import CANCEL_POLL_S, EngineLimits, LLMEngine, TokenEvent
-from .engine_dir import load_engine, read_config
+from .engine import CANCEL_POLL_S, EngineLimits, TokenEvent
 from .scheduler import FinishReason, GenerationRequest
 
 TOKEN_SOURCES = ("engine", "null")
@@ -126,18 +122,3 @@ class NullSource:
         del self._running[request.request_id]
         self.on_event(TokenEvent(request.request_id, token, reason, len(request.prompt_ids), len(output)))
 
-
-def open_source(kind: str, engine_dir: str, max_queue_size: int, on_event: Callable[[TokenEvent], None],
-                token_bytes: list[bytes], cpu_threads: int = 0, null_step_s: float = 0.0):
-    """A started token source; the engine's limits come from its ``config.json`` either way."""
-    if kind not in TOKEN_SOURCES:
-        raise ValueError(f"token source {kind!r}: expected one of {', '.join(TOKEN_SOURCES)}")
-    build = read_config(engine_dir)["build_config"]
-    limits = EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
-                          max_num_tokens=build["max_num_tokens"], max_queue_size=max_queue_size)
-    if kind == "null":
-        return NullSource(limits, on_event, null_step_s).start()
-    torch.set_num_threads(cpu_threads or os.cpu_count())  # once, at start-up, as the CPU llm does
-    loaded = load_engine(engine_dir)
-    return LLMEngine(loaded.model, limits, on_event=on_event, token_bytes=token_bytes,
-                     dtype=loaded.compute_dtype).start()
