@@ -32,7 +32,6 @@ def main() -> None:
     p.add_argument("--label", default="this checkout")
     a = p.parse_args()
     loaded = on_scratch_thread(load_engine, a.engine_dir)  # no OpenMP pool left on this thread (threads.py)
-    b = loaded.build_config
     times: dict[str, list[float]] = {}
     done: set[str] = set()
     lock = threading.Lock()
@@ -43,7 +42,7 @@ def main() -> None:
             if event.finish_reason is not None:
                 done.add(event.request_id)
 
-    limits = EngineLimits(b["max_batch_size"], b["max_seq_len"], b["max_num_tokens"], 256)
+    limits = EngineLimits.from_build(loaded.build_config, max_queue_size=256)
     engine = LLMEngine(loaded.model, limits, on_event, dtype=loaded.compute_dtype).start()
 
     def run(tag: str, n: int, seed: int) -> float:

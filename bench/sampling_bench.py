@@ -69,9 +69,7 @@ def step_ms(loaded, prompts: list[list[int]], mode: str, new_tokens: int) -> tup
             if len(finished) == ROWS:
                 done.set()
 
-    build = loaded.build_config
-    limits = EngineLimits(max_batch_size=ROWS, max_seq_len=build["max_seq_len"],
-                          max_num_tokens=build["max_num_tokens"], max_queue_size=ROWS)
+    limits = EngineLimits.from_build(loaded.build_config, max_queue_size=ROWS, max_batch_size=ROWS)
     engine = LLMEngine(loaded.model, limits, on_event, dtype=loaded.compute_dtype)
     choice = []
     accept_batch = engine._accept_batch

@@ -153,9 +153,7 @@ def end_ids(checkpoint: Path, tokenizer) -> list[int]:
 
 def greedy_answers(loaded, prompts: list[list[int]], ends: list[int], max_new_tokens: int) -> list[list[int]]:
     """Greedy output ids for every prompt, all in flight together in the engine loop the server runs."""
-    build = loaded.build_config
-    limits = EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
-                          max_num_tokens=build["max_num_tokens"], max_queue_size=len(prompts))
+    limits = EngineLimits.from_build(loaded.build_config, max_queue_size=len(prompts))
     events: queue.SimpleQueue = queue.SimpleQueue()
     engine = LLMEngine(loaded.model, limits, on_event=events.put, dtype=loaded.compute_dtype)
     for i, ids in enumerate(prompts):  # all queued before the loop starts: the same schedule on every run

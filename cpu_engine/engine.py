@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -68,6 +68,17 @@ class EngineLimits:
     max_tokens_in_paged_kv_cache: int | None = None
     tokens_per_block: int = 32
     enable_kv_cache_reuse: bool = True
+
+    @classmethod
+    def from_build(cls, build: Mapping, max_queue_size: int, **narrowed) -> EngineLimits:
+        """The limits an engine was built for (its config.json's ``build_config``, TensorRT-LLM's schema), with the
+        server's queue bound and whatever a deployment sets apart from the build (``narrowed``)."""
+        built = {"max_batch_size": build["max_batch_size"], "max_seq_len": build["max_seq_len"],
+                 "max_num_tokens": build["max_num_tokens"],
+                 # A TensorRT-LLM engine's is fixed at build (trtllm-build --tokens_per_block); the CPU engine's config
+                 # has none and takes the same default.
+                 "tokens_per_block": build.get("plugin_config", {}).get("tokens_per_block", 32)}
+        return cls(**{**built, "max_queue_size": max_queue_size, **narrowed})
 
     @property
     def kv_cache_blocks(self) -> int:

@@ -349,10 +349,10 @@ class Executor:
         self.max_batch_size = config.max_batch_size or build["max_batch_size"]
         self._max_queue_size = config.max_queue_size or _UNBOUNDED_QUEUE
         kv = config.kv_cache_config
-        limits = EngineLimits(max_batch_size=self.max_batch_size, max_seq_len=self.max_seq_len,
-                              max_num_tokens=config.max_num_tokens or build["max_num_tokens"],
-                              max_queue_size=self._max_queue_size, max_tokens_in_paged_kv_cache=kv.max_tokens,
-                              enable_kv_cache_reuse=kv.enable_block_reuse)
+        limits = EngineLimits.from_build(build, self._max_queue_size, max_batch_size=self.max_batch_size,
+                                         max_num_tokens=config.max_num_tokens or build["max_num_tokens"],
+                                         max_tokens_in_paged_kv_cache=kv.max_tokens,
+                                         enable_kv_cache_reuse=kv.enable_block_reuse)
         self.tokens_per_block = limits.tokens_per_block
         self._guided = config.guided_decoding_config
         self._ids = itertools.count(1)

@@ -76,12 +76,9 @@ def hf_model(tiny_checkpoint):
 
 def start_engine(engine_dir, collector, token_bytes=None, **limits):
     loaded = load_engine(engine_dir)
-    build = loaded.build_config
-    merged = dict(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
-                  max_num_tokens=16, max_queue_size=64)  # a small token budget forces chunked prefill
-    merged.update(limits)
-    return LLMEngine(loaded.model, EngineLimits(**merged), collector, token_bytes=token_bytes,
-                     dtype=loaded.compute_dtype).start()
+    limits = {"max_queue_size": 64, "max_num_tokens": 16, **limits}  # a small token budget forces chunked prefill
+    return LLMEngine(loaded.model, EngineLimits.from_build(loaded.build_config, **limits), collector,
+                     token_bytes=token_bytes, dtype=loaded.compute_dtype).start()
 
 
 def test_in_flight_batching_keeps_hugging_face_greedy_tokens(engine_dir, hf_model):

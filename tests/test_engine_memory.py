@@ -34,9 +34,7 @@ def test_loading_and_running_an_engine_imports_no_tracer(int4_engine, tiny_check
             tokens.append(ev.token_id)
             if ev.finish_reason is not None:
                 done.set()
-        b = loaded.build_config
-        limits = EngineLimits(max_batch_size=b["max_batch_size"], max_seq_len=b["max_seq_len"],
-                              max_num_tokens=b["max_num_tokens"], max_queue_size=4)
+        limits = EngineLimits.from_build(loaded.build_config, max_queue_size=4)
         engine = LLMEngine(loaded.model, limits, on_event=on_event, dtype=loaded.compute_dtype).start()
         engine.submit(GenerationRequest("r", list(range(3, 40)), 8, SamplingParams(min_tokens=8), end_id=0))
         assert done.wait(120)

@@ -87,7 +87,7 @@ def test_rendered_configs_parse_and_carry_limits(fixture):
     assert params["xgrammar_tokenizer_info_path"] == ""  # no tokenizer info beside the fixture: guided decoding off
 
     # The ExecutorConfig those parameters make, built with bindings that refuse what TensorRT-LLM's refuse.
-    limits = EngineLimits(build["max_batch_size"], build["max_seq_len"], build["max_num_tokens"], 64)
+    limits = EngineLimits.from_build(build, max_queue_size=64)
     config = executor_config(standin_bindings, params, limits)
     assert config.kv_cache_config.free_gpu_memory_fraction == 0.8
     assert config.kv_cache_config.enable_block_reuse is (paged == "true")

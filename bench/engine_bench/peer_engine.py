@@ -33,9 +33,7 @@ class EngineDriver:
         loaded = load_engine(engine_dir)
         self.load_s = loaded.load_seconds
         self.decode = loaded.decode.split(" (")[0].split(":")[0]  # "compiled" or "eager"
-        b = loaded.build_config
-        limits = EngineLimits(max_batch_size=b["max_batch_size"], max_seq_len=b["max_seq_len"],
-                              max_num_tokens=b["max_num_tokens"], max_queue_size=256)
+        limits = EngineLimits.from_build(loaded.build_config, max_queue_size=256)
         self.engine = LLMEngine(loaded.model, limits, on_event=self._on_event, dtype=loaded.compute_dtype).start()
         self.eos = json.loads((Path(loaded.config["source_checkpoint"]) / "config.json").read_text()).get(
             "eos_token_id", 1)

@@ -95,13 +95,10 @@ class TritonPythonModel:
         self._sender.start()
 
     def _limits(self, build: dict, params: dict) -> EngineLimits:
-        return EngineLimits(max_batch_size=build["max_batch_size"], max_seq_len=build["max_seq_len"],
-                            max_num_tokens=build["max_num_tokens"], max_queue_size=int(params["max_queue_size"]),
-                            max_tokens_in_paged_kv_cache=int(params.get("max_tokens_in_paged_kv_cache") or 0) or None,
-                            enable_kv_cache_reuse=params.get("enable_kv_cache_reuse", "true") == "true",
-                            # A TensorRT-LLM engine's is fixed at build (trtllm-build --tokens_per_block); the CPU
-                            # engine's config has none and takes the same default.
-                            tokens_per_block=build.get("plugin_config", {}).get("tokens_per_block", 32))
+        return EngineLimits.from_build(
+            build, int(params["max_queue_size"]),
+            max_tokens_in_paged_kv_cache=int(params.get("max_tokens_in_paged_kv_cache") or 0) or None,
+            enable_kv_cache_reuse=params.get("enable_kv_cache_reuse", "true") == "true")
 
     def _open_cpu_engine(self, params: dict):
         threads = int(params.get("cpu_threads", "0")) or os.cpu_count()
